@@ -1,2 +1,11 @@
 //! Forge core: dtypes, checkpoint readers, configs, tokenizer and chat templates.
+pub mod chat;
+pub mod checkpoint;
+pub mod config;
+pub mod fsutil;
 pub mod gguf;
+pub mod hub;
+pub mod npy;
+pub mod safetensors_dir;
+pub mod tensor;
+pub mod tokenizer;

@@ -1,1 +1,12 @@
+//! Forge models: one graph per architecture family written over [`linear::Linear`], explicit
+//! session state, sampling and generation.
+pub mod generate;
+pub mod linear;
+pub mod load;
+pub mod model;
+pub mod sampling;
+pub mod session;
 
+pub use linear::Linear;
+pub use model::{Logits, Model};
+pub use session::Session;

@@ -1,0 +1,174 @@
+//! Dense `Y = X Wᵀ` for f32/BF16/F16 weights stored row-major `[n_out, n_in]` (the PyTorch
+//! `nn.Linear` layout), with f32 accumulation.
+//!
+//! Few rows (decode, verify): one dot product per (row, weight row), parallel over weight-row
+//! blocks so each weight byte is read once. Many rows (prefill): `gemm` on f32 blocks, with
+//! BF16/F16 blocks widened to f32 first.
+
+use forge_core::tensor::FloatSlice;
+use rayon::prelude::*;
+
+/// Weight rows per parallel task.
+const ROW_BLOCK: usize = 64;
+/// From this many input rows on, use the blocked GEMM.
+const GEMM_MIN_ROWS: usize = 6;
+
+/// `y[t, o] = Σ_i x[t, i] · w[o, i]`; `x` is `t × n_in`, `y` is `t × n_out`.
+pub fn matmul_xwt(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), t * n_in, "x has {} values, expected {t}×{n_in}", x.len());
+    assert_eq!(y.len(), t * n_out);
+    assert_eq!(w.len(), n_out * n_in);
+    if t == 0 || n_out == 0 {
+        return;
+    }
+    if t >= GEMM_MIN_ROWS {
+        return gemm_path(x, t, w, n_out, n_in, y);
+    }
+    // Output laid out [n_out][t] per block, transposed afterwards (t is small).
+    let mut yt = vec![0f32; n_out * t];
+    yt.par_chunks_mut(ROW_BLOCK * t).enumerate().for_each(|(b, out)| {
+        let r0 = b * ROW_BLOCK;
+        let rows = out.len() / t;
+        let mut buf = Vec::new();
+        for r in 0..rows {
+            let wr = row(w, r0 + r, n_in, &mut buf);
+            for tt in 0..t {
+                out[r * t + tt] = crate::simd::dot(&x[tt * n_in..(tt + 1) * n_in], wr);
+            }
+        }
+    });
+    for o in 0..n_out {
+        for tt in 0..t {
+            y[tt * n_out + o] = yt[o * t + tt];
+        }
+    }
+}
+
+/// Weight row `r` as f32 (borrowed when already f32).
+fn row<'a>(w: FloatSlice<'a>, r: usize, n_in: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    match w {
+        FloatSlice::F32(s) => &s[r * n_in..(r + 1) * n_in],
+        other => {
+            buf.resize(n_in, 0.0);
+            other.read_into(r * n_in, buf);
+            buf
+        }
+    }
+}
+
+fn gemm_path(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize, y: &mut [f32]) {
+    // Blocks of weight rows; each task writes its own column range of y, which is disjoint, but
+    // rows of y are interleaved, so tasks produce [t × block] tiles that are scattered after.
+    const BLOCK: usize = 256;
+    let n_blocks = n_out.div_ceil(BLOCK);
+    let tiles: Vec<Vec<f32>> = (0..n_blocks)
+        .into_par_iter()
+        .map(|b| {
+            let r0 = b * BLOCK;
+            let rows = BLOCK.min(n_out - r0);
+            let mut wbuf;
+            let wb: &[f32] = match w {
+                FloatSlice::F32(s) => &s[r0 * n_in..(r0 + rows) * n_in],
+                other => {
+                    wbuf = vec![0f32; rows * n_in];
+                    other.read_into(r0 * n_in, &mut wbuf);
+                    &wbuf
+                }
+            };
+            let mut tile = vec![0f32; t * rows];
+            gemm_f32(x, t, wb, rows, n_in, &mut tile);
+            tile
+        })
+        .collect();
+    for (b, tile) in tiles.iter().enumerate() {
+        let r0 = b * BLOCK;
+        let rows = tile.len() / t;
+        for tt in 0..t {
+            y[tt * n_out + r0..tt * n_out + r0 + rows].copy_from_slice(&tile[tt * rows..(tt + 1) * rows]);
+        }
+    }
+}
+
+/// Single-threaded `y (t×n) = x (t×k) · wᵀ` with `w` row-major `n × k`.
+pub fn gemm_f32(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    assert!(x.len() >= t * k && w.len() >= n * k && y.len() >= t * n);
+    // SAFETY: the asserts above bound every access: lhs x is t×k with row stride k, rhs wᵀ is
+    // k×n read as w[col*k + row] (column stride k, row stride 1), dst y is t×n with row stride n.
+    unsafe {
+        gemm::gemm(
+            t,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Scalar reference: the definition, sequential f32 accumulation.
+pub fn matmul_ref(x: &[f32], t: usize, w: &[f32], n_out: usize, n_in: usize) -> Vec<f32> {
+    let mut y = vec![0f32; t * n_out];
+    for tt in 0..t {
+        for o in 0..n_out {
+            y[tt * n_out + o] = crate::simd::dot_ref(&x[tt * n_in..(tt + 1) * n_in], &w[o * n_in..(o + 1) * n_in]);
+        }
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    fn rnd(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn check(a: &[f32], b: &[f32], n_in: usize) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5 * (n_in as f32).sqrt() * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn all_paths_match_reference_on_ragged_shapes() {
+        for &(t, n_out, n_in) in &[(1, 1, 1), (1, 67, 33), (3, 130, 17), (5, 64, 64), (6, 300, 45), (17, 513, 70)] {
+            let x = rnd(t * n_in, 1);
+            let w = rnd(n_out * n_in, 2);
+            let r = matmul_ref(&x, t, &w, n_out, n_in);
+            let mut y = vec![0f32; t * n_out];
+            matmul_xwt(&x, t, FloatSlice::F32(&w), n_out, n_in, &mut y);
+            check(&y, &r, n_in);
+            // BF16 / F16 weights: compare against the reference on the rounded weights.
+            let wb: Vec<u16> = w.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+            let wbf: Vec<f32> = wb.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
+            matmul_xwt(&x, t, FloatSlice::BF16(&wb), n_out, n_in, &mut y);
+            check(&y, &matmul_ref(&x, t, &wbf, n_out, n_in), n_in);
+            let wh: Vec<u16> = w.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+            let whf: Vec<f32> = wh.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+            matmul_xwt(&x, t, FloatSlice::F16(&wh), n_out, n_in, &mut y);
+            check(&y, &matmul_ref(&x, t, &whf, n_out, n_in), n_in);
+        }
+    }
+}

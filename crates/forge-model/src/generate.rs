@@ -1,0 +1,59 @@
+//! Autoregressive generation on one session.
+
+use crate::model::{Logits, Model};
+use crate::sampling::Sampler;
+use crate::session::Session;
+use anyhow::Result;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Default)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+}
+
+impl GenStats {
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_s.max(1e-9)
+    }
+    /// Decode rate over the tokens produced after the first (the first comes from prefill).
+    pub fn decode_tok_s(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_s.max(1e-9)
+    }
+}
+
+/// Prefill `prompt`, then sample up to `max_tokens`, calling `on_token` for each; stops at a
+/// stop id (not passed to `on_token`) or when `on_token` returns false.
+pub fn generate(
+    model: &Model,
+    session: &mut Session,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    stop_ids: &[u32],
+    mut on_token: impl FnMut(u32) -> Result<bool>,
+) -> Result<GenStats> {
+    let mut st = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    if max_tokens == 0 {
+        return Ok(st);
+    }
+    let t0 = Instant::now();
+    let mut logits = model.forward(session, prompt, Logits::Last)?;
+    st.prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for i in 0..max_tokens {
+        let tok = sampler.sample(&logits);
+        if stop_ids.contains(&tok) {
+            break;
+        }
+        st.generated_tokens += 1;
+        if !on_token(tok)? || i + 1 == max_tokens {
+            break;
+        }
+        logits = model.forward(session, &[tok], Logits::Last)?;
+    }
+    st.decode_s = t1.elapsed().as_secs_f64();
+    Ok(st)
+}

@@ -1,0 +1,50 @@
+//! Open a model path (Hugging Face directory or GGUF file) into a ready model, its tokenizer and
+//! its chat template.
+
+use crate::model::Model;
+use anyhow::{Context, Result};
+use forge_core::chat::ChatTemplate;
+use forge_core::checkpoint::Checkpoint;
+use forge_core::tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+
+pub struct Loaded {
+    pub model: Model,
+    /// Absent for checkpoints shipped without `tokenizer.json` (e.g. test fixtures).
+    pub tokenizer: Option<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub path: PathBuf,
+}
+
+impl Loaded {
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer
+            .as_ref()
+            .with_context(|| format!("{}: no tokenizer (tokenizer.json or GGUF vocabulary)", self.path.display()))
+    }
+}
+
+pub fn load(path: &Path) -> Result<Loaded> {
+    let (ck, cfg) = Checkpoint::open(path)?;
+    let model = Model::load(&ck, cfg)?;
+    let (tokenizer, template) = match &ck {
+        Checkpoint::Hf { dir, .. } => {
+            let tok = if dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };
+            let (bos, eos) = tok.as_ref().map(|t| (t.bos_token(), t.eos_token())).unwrap_or((None, None));
+            (tok, ChatTemplate::from_dir(dir, bos, eos)?)
+        }
+        Checkpoint::Gguf { .. } => {
+            let vocab = ck.gguf_vocab().with_context(|| format!("{}: no tokenizer.ggml.tokens", path.display()))?;
+            let tok = Tokenizer::from_gguf(&vocab).with_context(|| format!("{}: tokenizer", path.display()))?;
+            let tpl = match ck.gguf_chat_template() {
+                Some(src) => Some(
+                    ChatTemplate::new(&src, tok.bos_token(), tok.eos_token())
+                        .with_context(|| format!("{}: tokenizer.chat_template", path.display()))?,
+                ),
+                None => None,
+            };
+            (Some(tok), tpl)
+        }
+    };
+    Ok(Loaded { model, tokenizer, template, path: path.to_path_buf() })
+}

@@ -1,0 +1,364 @@
+//! The model graph: embedding → layers (token mixer + SwiGLU MLP, pre-norm residual) → norm →
+//! head. One code path serves T = 1 (decode), small T (verify) and large T (prefill).
+
+use crate::linear::Linear;
+use crate::session::{DeltaState, KvCache, LayerState, Session};
+use anyhow::{bail, Context, Result};
+use forge_core::checkpoint::Checkpoint;
+use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
+use forge_core::tensor::HostTensor;
+use forge_kernels::act::{sigmoid, silu, softplus, swiglu};
+use forge_kernels::attention::attend;
+use forge_kernels::deltanet;
+use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
+use forge_kernels::rope::Rope;
+use rayon::prelude::*;
+
+/// Gated DeltaNet chunk length for prefill (as transformers and FLA).
+pub const DELTANET_CHUNK: usize = 64;
+
+pub struct Attention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+}
+
+pub struct DeltaNet {
+    pub in_qkv: Linear,
+    pub in_z: Linear,
+    pub in_b: Linear,
+    pub in_a: Linear,
+    pub out: Linear,
+    /// Depthwise conv weights, `conv_dim × kernel`.
+    pub conv_w: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    pub a_log: Vec<f32>,
+    pub norm_w: Vec<f32>,
+}
+
+pub enum Mixer {
+    Attention(Attention),
+    DeltaNet(DeltaNet),
+}
+
+pub struct Mlp {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+pub struct Layer {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub mixer: Mixer,
+    pub mlp: Mlp,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    /// `[vocab, hidden]`, looked up row by row.
+    pub embed: HostTensor,
+    pub layers: Vec<Layer>,
+    pub final_norm: Vec<f32>,
+    pub head: Linear,
+    pub rope: Rope,
+}
+
+/// Which logits `forward` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    All,
+    Last,
+    None,
+}
+
+fn small(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>> {
+    ck.require_numel(name, &[n])?.to_f32_vec()
+}
+
+fn linear(ck: &Checkpoint, name: &str, out_f: usize, in_f: usize, bias: bool) -> Result<Linear> {
+    let w = ck.require(&format!("{name}.weight"), &[out_f, in_f])?;
+    let b = if bias {
+        match ck.get(&format!("{name}.bias"))? {
+            Some(b) if b.numel() == out_f => Some(b.to_f32_vec()?),
+            Some(b) => bail!(
+                "{}: tensor '{}' has shape {:?}, expected [{out_f}]",
+                ck.path().display(),
+                ck.stored_name(&format!("{name}.bias")),
+                b.shape
+            ),
+            None => None,
+        }
+    } else {
+        None
+    };
+    Ok(Linear::dense(name, w, b))
+}
+
+impl Model {
+    /// Build the graph from a checkpoint, checking every tensor's shape against the config.
+    pub fn load(ck: &Checkpoint, cfg: ModelConfig) -> Result<Model> {
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let embed = ck.require("embed_tokens.weight", &[v, h])?;
+        embed.floats().with_context(|| format!("{}: embed_tokens.weight", ck.path().display()))?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, kind) in cfg.layer_kinds.iter().enumerate() {
+            let p = format!("layers.{i}");
+            let mixer = match kind {
+                LayerKind::Attention => {
+                    let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+                    let a = format!("{p}.self_attn");
+                    Mixer::Attention(Attention {
+                        q: linear(ck, &format!("{a}.q_proj"), cfg.q_proj_dim(), h, true)?,
+                        k: linear(ck, &format!("{a}.k_proj"), kvh * hd, h, true)?,
+                        v: linear(ck, &format!("{a}.v_proj"), kvh * hd, h, true)?,
+                        o: linear(ck, &format!("{a}.o_proj"), h, nh * hd, true)?,
+                        q_norm: if cfg.qk_norm { Some(small(ck, &format!("{a}.q_norm.weight"), hd)?) } else { None },
+                        k_norm: if cfg.qk_norm { Some(small(ck, &format!("{a}.k_norm.weight"), hd)?) } else { None },
+                    })
+                }
+                LayerKind::DeltaNet => {
+                    let d = cfg.deltanet.as_ref().unwrap();
+                    let a = format!("{p}.linear_attn");
+                    Mixer::DeltaNet(DeltaNet {
+                        in_qkv: linear(ck, &format!("{a}.in_proj_qkv"), d.conv_dim(), h, false)?,
+                        in_z: linear(ck, &format!("{a}.in_proj_z"), d.value_dim(), h, false)?,
+                        in_b: linear(ck, &format!("{a}.in_proj_b"), d.num_v_heads, h, false)?,
+                        in_a: linear(ck, &format!("{a}.in_proj_a"), d.num_v_heads, h, false)?,
+                        out: linear(ck, &format!("{a}.out_proj"), h, d.value_dim(), false)?,
+                        conv_w: ck
+                            .require_numel(&format!("{a}.conv1d.weight"), &[d.conv_dim(), d.conv_kernel])?
+                            .to_f32_vec()?,
+                        dt_bias: small(ck, &format!("{a}.dt_bias"), d.num_v_heads)?,
+                        a_log: small(ck, &format!("{a}.A_log"), d.num_v_heads)?,
+                        norm_w: small(ck, &format!("{a}.norm.weight"), d.v_head_dim)?,
+                    })
+                }
+            };
+            let m = format!("{p}.mlp");
+            let f = cfg.intermediate_size;
+            layers.push(Layer {
+                input_norm: small(ck, &format!("{p}.input_layernorm.weight"), h)?,
+                post_norm: small(ck, &format!("{p}.post_attention_layernorm.weight"), h)?,
+                mixer,
+                mlp: Mlp {
+                    gate: linear(ck, &format!("{m}.gate_proj"), f, h, false)?,
+                    up: linear(ck, &format!("{m}.up_proj"), f, h, false)?,
+                    down: linear(ck, &format!("{m}.down_proj"), h, f, false)?,
+                },
+            });
+        }
+        let head = match ck.get("lm_head.weight")? {
+            Some(_) if !cfg.tie_embeddings => linear(ck, "lm_head", v, h, false)?,
+            _ if cfg.tie_embeddings => Linear::dense("lm_head", embed.clone(), None),
+            _ => bail!("{}: missing tensor 'lm_head.weight' (embeddings are not tied)", ck.path().display()),
+        };
+        let rope = Rope::new(cfg.rope_theta, cfg.rotary_dim, cfg.rope_scaling.as_ref());
+        Ok(Model { final_norm: small(ck, "norm.weight", h)?, embed, layers, head, rope, cfg })
+    }
+
+    pub fn new_session(&self) -> Session {
+        Session::new(&self.cfg)
+    }
+
+    /// Run `tokens` through the model, advancing `s`. Returns logits per `want`
+    /// (`All`: `T × vocab`, `Last`: `vocab`).
+    pub fn forward(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let t = tokens.len();
+        if t == 0 {
+            bail!("forward called with no tokens");
+        }
+        let (h, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let emb = self.embed.floats()?;
+        let mut x = vec![0f32; t * h];
+        for (i, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= vocab {
+                bail!("token id {tok} is out of range for vocabulary size {vocab}");
+            }
+            emb.read_into(tok as usize * h, &mut x[i * h..(i + 1) * h]);
+        }
+        let zc = self.cfg.norm_zero_centered;
+        let eps = self.cfg.rms_eps;
+        let mut hbuf = vec![0f32; t * h];
+        for (li, layer) in self.layers.iter().enumerate() {
+            for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
+                rmsnorm(xi, &layer.input_norm, eps, zc, hi);
+            }
+            let m = match (&layer.mixer, &mut s.layers[li]) {
+                (Mixer::Attention(a), LayerState::Attn(cache)) => self.attention(a, cache, &hbuf, t, s.pos)?,
+                (Mixer::DeltaNet(d), LayerState::Delta(st)) => self.deltanet(d, st, &hbuf, t)?,
+                _ => bail!("session does not match the model at layer {li}"),
+            };
+            x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
+            for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
+                rmsnorm(xi, &layer.post_norm, eps, zc, hi);
+            }
+            let mut g = layer.mlp.gate.forward(&hbuf, t)?;
+            let u = layer.mlp.up.forward(&hbuf, t)?;
+            swiglu(&mut g, &u);
+            let d = layer.mlp.down.forward(&g, t)?;
+            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        }
+        s.pos += t;
+        let rows: &[f32] = match want {
+            Logits::None => return Ok(Vec::new()),
+            Logits::All => &x,
+            Logits::Last => &x[(t - 1) * h..],
+        };
+        let n = rows.len() / h;
+        let mut normed = vec![0f32; rows.len()];
+        for (xi, hi) in rows.chunks(h).zip(normed.chunks_mut(h)) {
+            rmsnorm(xi, &self.final_norm, eps, zc, hi);
+        }
+        self.head.forward(&normed, n)
+    }
+
+    fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let qf = a.q.forward(hbuf, t)?;
+        let mut k = a.k.forward(hbuf, t)?;
+        let v = a.v.forward(hbuf, t)?;
+        let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate
+        let mut q = vec![0f32; t * nh * hd];
+        let mut gate = if cfg.attn_output_gate { vec![0f32; t * nh * hd] } else { Vec::new() };
+        let nf = self.rope.n_freq();
+        let (mut cos, mut sin) = (vec![0f32; nf], vec![0f32; nf]);
+        let zc = cfg.norm_zero_centered;
+        for i in 0..t {
+            self.rope.cos_sin(pos0 + i, &mut cos, &mut sin);
+            for head in 0..nh {
+                let src = &qf[i * nh * qstride + head * qstride..];
+                let dst = &mut q[(i * nh + head) * hd..(i * nh + head + 1) * hd];
+                dst.copy_from_slice(&src[..hd]);
+                if cfg.attn_output_gate {
+                    gate[(i * nh + head) * hd..(i * nh + head + 1) * hd].copy_from_slice(&src[hd..2 * hd]);
+                }
+                if let Some(w) = &a.q_norm {
+                    rmsnorm_inplace(dst, w, cfg.rms_eps, zc);
+                }
+                self.rope.apply(dst, &cos, &sin);
+            }
+            for head in 0..kvh {
+                let dst = &mut k[(i * kvh + head) * hd..(i * kvh + head + 1) * hd];
+                if let Some(w) = &a.k_norm {
+                    rmsnorm_inplace(dst, w, cfg.rms_eps, zc);
+                }
+                self.rope.apply(dst, &cos, &sin);
+            }
+        }
+        cache.k.extend_from_slice(&k);
+        cache.v.extend_from_slice(&v);
+        let group = nh / kvh;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0f32; t * nh * hd];
+        let row = cache.row;
+        let (keys, values) = (&cache.k, &cache.v);
+        out.par_chunks_mut(hd).enumerate().for_each_init(
+            || vec![0f32; pos0 + t],
+            |scores, (idx, o)| {
+                let (i, head) = (idx / nh, idx % nh);
+                let qv = &q[idx * hd..(idx + 1) * hd];
+                attend(qv, keys, values, pos0 + i + 1, row, (head / group) * hd, scale, scores, o);
+            },
+        );
+        if cfg.attn_output_gate {
+            out.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= sigmoid(g));
+        }
+        a.o.forward(&out, t)
+    }
+
+    fn deltanet(&self, d: &DeltaNet, st: &mut DeltaState, hbuf: &[f32], t: usize) -> Result<Vec<f32>> {
+        let c: &DeltaNetConfig = self.cfg.deltanet.as_ref().unwrap();
+        let (cd, kern) = (c.conv_dim(), c.conv_kernel);
+        let mixed = d.in_qkv.forward(hbuf, t)?;
+        let z = d.in_z.forward(hbuf, t)?;
+        let b = d.in_b.forward(hbuf, t)?;
+        let a = d.in_a.forward(hbuf, t)?;
+        // Causal depthwise conv over [state (kernel−1 rows) | new rows], then SiLU.
+        let hist = kern - 1;
+        let mut full = Vec::with_capacity((hist + t) * cd);
+        full.extend_from_slice(&st.conv);
+        full.extend_from_slice(&mixed);
+        let mut conv = vec![0f32; t * cd];
+        conv.par_chunks_mut(cd).enumerate().for_each(|(i, out)| {
+            for (ch, o) in out.iter_mut().enumerate() {
+                let w = &d.conv_w[ch * kern..(ch + 1) * kern];
+                let mut acc = 0f32;
+                for (j, &wj) in w.iter().enumerate() {
+                    acc += wj * full[(i + j) * cd + ch];
+                }
+                *o = silu(acc);
+            }
+        });
+        st.conv.copy_from_slice(&full[t * cd..]);
+        let (nk, nv, dk, dv) = (c.num_k_heads, c.num_v_heads, c.k_head_dim, c.v_head_dim);
+        let (kd, vd) = (c.key_dim(), c.value_dim());
+        let ratio = nv / nk;
+        let qscale = 1.0 / (dk as f32).sqrt();
+        // Per value head: gather, normalize, run the delta rule.
+        let rec = &mut st.rec;
+        let outs: Vec<Vec<f32>> = rec
+            .par_chunks_mut(dk * dv)
+            .enumerate()
+            .map(|(hv, state)| {
+                let hk = hv / ratio;
+                let mut q = vec![0f32; t * dk];
+                let mut k = vec![0f32; t * dk];
+                let mut v = vec![0f32; t * dv];
+                let mut g = vec![0f32; t];
+                let mut beta = vec![0f32; t];
+                for i in 0..t {
+                    let row = &conv[i * cd..(i + 1) * cd];
+                    let qi = &mut q[i * dk..(i + 1) * dk];
+                    qi.copy_from_slice(&row[hk * dk..(hk + 1) * dk]);
+                    l2norm_inplace(qi, 1e-6);
+                    qi.iter_mut().for_each(|x| *x *= qscale);
+                    let ki = &mut k[i * dk..(i + 1) * dk];
+                    ki.copy_from_slice(&row[kd + hk * dk..kd + (hk + 1) * dk]);
+                    l2norm_inplace(ki, 1e-6);
+                    v[i * dv..(i + 1) * dv].copy_from_slice(&row[2 * kd + hv * dv..2 * kd + (hv + 1) * dv]);
+                    beta[i] = sigmoid(b[i * nv + hv]);
+                    g[i] = -d.a_log[hv].exp() * softplus(a[i * nv + hv] + d.dt_bias[hv]);
+                }
+                let mut o = vec![0f32; t * dv];
+                if t == 1 {
+                    deltanet::recurrent_step(state, &q, &k, &v, g[0], beta[0], &mut o);
+                } else {
+                    deltanet::chunked(state, &q, &k, &v, &g, &beta, dk, dv, DELTANET_CHUNK, &mut o);
+                }
+                o
+            })
+            .collect();
+        let mut core = vec![0f32; t * vd];
+        for (hv, o) in outs.iter().enumerate() {
+            for i in 0..t {
+                let dst = &mut core[i * vd + hv * dv..i * vd + (hv + 1) * dv];
+                dst.copy_from_slice(&o[i * dv..(i + 1) * dv]);
+                rmsnorm_gated(dst, &z[i * vd + hv * dv..i * vd + (hv + 1) * dv], &d.norm_w, self.cfg.rms_eps);
+            }
+        }
+        d.out.forward(&core, t)
+    }
+
+    /// Every linear layer, in execution order (head last).
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut v = Vec::new();
+        for l in &self.layers {
+            match &l.mixer {
+                Mixer::Attention(a) => v.extend([&a.q, &a.k, &a.v, &a.o]),
+                Mixer::DeltaNet(d) => v.extend([&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out]),
+            }
+            v.extend([&l.mlp.gate, &l.mlp.up, &l.mlp.down]);
+        }
+        v.push(&self.head);
+        v
+    }
+
+    pub fn is_hybrid(&self) -> bool {
+        self.cfg.arch == Arch::Qwen35
+    }
+}

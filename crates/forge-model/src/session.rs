@@ -1,0 +1,66 @@
+//! Per-sequence state: KV caches of attention layers, conv and recurrent states of DeltaNet
+//! layers. Cloning a session is an exact snapshot (used for rollback and prompt caching).
+
+use forge_core::config::{LayerKind, ModelConfig};
+
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    /// Post-RoPE keys, one row of `kv_heads × head_dim` floats per position.
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub row: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct DeltaState {
+    /// The last `kernel − 1` conv inputs, oldest first, `conv_dim` floats each.
+    pub conv: Vec<f32>,
+    /// `num_v_heads × k_head_dim × v_head_dim` recurrent state.
+    pub rec: Vec<f32>,
+}
+
+#[derive(Clone, Debug)]
+pub enum LayerState {
+    Attn(KvCache),
+    Delta(DeltaState),
+}
+
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// Number of tokens already processed.
+    pub pos: usize,
+    pub layers: Vec<LayerState>,
+}
+
+impl Session {
+    pub fn new(cfg: &ModelConfig) -> Self {
+        let layers = cfg
+            .layer_kinds
+            .iter()
+            .map(|k| match k {
+                LayerKind::Attention => {
+                    LayerState::Attn(KvCache { k: Vec::new(), v: Vec::new(), row: cfg.num_kv_heads * cfg.head_dim })
+                }
+                LayerKind::DeltaNet => {
+                    let d = cfg.deltanet.as_ref().expect("DeltaNet layer without deltanet config");
+                    LayerState::Delta(DeltaState {
+                        conv: vec![0.0; (d.conv_kernel - 1) * d.conv_dim()],
+                        rec: vec![0.0; d.num_v_heads * d.k_head_dim * d.v_head_dim],
+                    })
+                }
+            })
+            .collect();
+        Session { pos: 0, layers }
+    }
+
+    /// Bytes held by caches and states.
+    pub fn state_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attn(c) => (c.k.capacity() + c.v.capacity()) * 4,
+                LayerState::Delta(d) => (d.conv.len() + d.rec.len()) * 4,
+            })
+            .sum()
+    }
+}
