@@ -1,1 +1,49 @@
-fn main() {}
+//! `forge`: quantize, evaluate and run LLMs on CPUs.
+
+mod cmd_demo;
+mod cmd_generate;
+mod cmd_logits;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "forge", version, about = "Quantize, evaluate and run LLMs on CPUs")]
+struct Cli {
+    /// Worker threads (default: all cores).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The main job on the embedded default model (SmolLM2-135M-Instruct).
+    Demo(cmd_demo::Args),
+    /// Teacher-forced logits for a token file, written as a [T, vocab] f32 .npy.
+    Logits(cmd_logits::Args),
+    /// Generate text from a prompt (streams the generated text to stdout).
+    Generate(cmd_generate::Args),
+    /// Fetch the embedded default model (SmolLM2-135M-Instruct) into the cache.
+    Fetch,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global() {
+            eprintln!("forge: warning: cannot set threads: {e}");
+        }
+    }
+    let r: Result<()> = match cli.cmd {
+        Cmd::Demo(a) => cmd_demo::run(a),
+        Cmd::Logits(a) => cmd_logits::run(a),
+        Cmd::Generate(a) => cmd_generate::run(a),
+        Cmd::Fetch => forge_core::hub::resolve_model("smollm2", true).map(|p| println!("{}", p.display())),
+    };
+    if let Err(e) = r {
+        eprintln!("forge: error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -58,11 +58,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| anyhow!("invalid chat template: {}", describe(&e)))?;
-        Ok(Self {
-            env,
-            bos_token,
-            eos_token,
-        })
+        Ok(Self { env, bos_token, eos_token })
     }
 
     /// Locates the template in a HF model directory, in transformers' order of precedence:
@@ -72,20 +68,15 @@ impl ChatTemplate {
     pub fn from_dir(dir: &Path, bos: Option<String>, eos: Option<String>) -> Result<Option<Self>> {
         let jinja = dir.join("chat_template.jinja");
         if let Some(source) = read_optional(&jinja)? {
-            return Self::new(&source, bos, eos)
-                .with_context(|| format!("in {}", jinja.display()))
-                .map(Some);
+            return Self::new(&source, bos, eos).with_context(|| format!("in {}", jinja.display())).map(Some);
         }
-        for (file, field_required) in [
-            ("chat_template.json", true),
-            ("tokenizer_config.json", false),
-        ] {
+        for (file, field_required) in [("chat_template.json", true), ("tokenizer_config.json", false)] {
             let path = dir.join(file);
             let Some(text) = read_optional(&path)? else {
                 continue;
             };
-            let doc: Json = serde_json::from_str(&text)
-                .with_context(|| format!("failed to parse {}", path.display()))?;
+            let doc: Json =
+                serde_json::from_str(&text).with_context(|| format!("failed to parse {}", path.display()))?;
             let source = match doc.get("chat_template") {
                 None | Some(Json::Null) if field_required => {
                     bail!("{} has no \"chat_template\" field", path.display())
@@ -95,14 +86,11 @@ impl ChatTemplate {
                 Some(Json::Array(list)) => {
                     pick_default_template(list).with_context(|| format!("in {}", path.display()))?
                 }
-                Some(_) => bail!(
-                    "{}: \"chat_template\" must be a string or a list of {{name, template}}",
-                    path.display()
-                ),
+                Some(_) => {
+                    bail!("{}: \"chat_template\" must be a string or a list of {{name, template}}", path.display())
+                }
             };
-            return Self::new(&source, bos, eos)
-                .with_context(|| format!("in {}", path.display()))
-                .map(Some);
+            return Self::new(&source, bos, eos).with_context(|| format!("in {}", path.display())).map(Some);
         }
         Ok(None)
     }
@@ -130,25 +118,14 @@ impl ChatTemplate {
         }
         // Pushed last so they win over same-named extras (Python would reject the duplicate).
         ctx.push(("messages".into(), Value::from_serialize(&messages)));
-        ctx.push((
-            "tools".into(),
-            tools.map_or(Value::from(()), Value::from_serialize),
-        ));
+        ctx.push(("tools".into(), tools.map_or(Value::from(()), Value::from_serialize)));
         ctx.push(("documents".into(), Value::from(())));
-        ctx.push((
-            "add_generation_prompt".into(),
-            Value::from(add_generation_prompt),
-        ));
+        ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
         // Later entries replace earlier ones with the same key.
         let ctx = Value::from_iter(ctx);
 
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| anyhow!("chat template: {}", describe(&e)))?;
-        template
-            .render(ctx)
-            .map_err(|e| anyhow!("chat template rendering failed: {}", describe(&e)))
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| anyhow!("chat template: {}", describe(&e)))?;
+        template.render(ctx).map_err(|e| anyhow!("chat template rendering failed: {}", describe(&e)))
     }
 }
 
@@ -173,10 +150,7 @@ fn pick_default_template(list: &[Json]) -> Result<String> {
             }
         }
     }
-    bail!(
-        "no chat template named \"default\" (available: {})",
-        names.join(", ")
-    )
+    bail!("no chat template named \"default\" (available: {})", names.join(", "))
 }
 
 /// minijinja's error plus the chain of causes (a `raise_exception` message lives in the detail).
@@ -202,14 +176,9 @@ fn normalize_messages(messages: &Json) -> Result<Json> {
         let Json::Object(obj) = m else {
             bail!("chat message {i} is not a JSON object");
         };
-        let mut obj: serde_json::Map<String, Json> = obj
-            .iter()
-            .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let reasoning = ["reasoning_content", "thinking", "reasoning"]
-            .iter()
-            .find_map(|k| obj.get(*k).cloned());
+        let mut obj: serde_json::Map<String, Json> =
+            obj.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let reasoning = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| obj.get(*k).cloned());
         if let Some(r) = reasoning {
             obj.entry("thinking").or_insert_with(|| r.clone());
             obj.insert("reasoning_content".into(), r);
@@ -225,11 +194,7 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
 
 /// Python-style printing for values jinja2 would print via `str()`; strings and undefined keep
 /// minijinja's behaviour (no auto-escaping is configured for this template name).
-fn py_formatter(
-    out: &mut minijinja::Output,
-    state: &minijinja::State,
-    value: &Value,
-) -> Result<(), Error> {
+fn py_formatter(out: &mut minijinja::Output, state: &minijinja::State, value: &Value) -> Result<(), Error> {
     match value.kind() {
         ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Seq | ValueKind::Map => {
             let mut s = String::new();
@@ -300,11 +265,7 @@ fn py_repr(value: &Value, out: &mut String) -> Result<(), Error> {
 
 fn py_repr_str(s: &str, out: &mut String) {
     // Python prefers single quotes unless the string contains one and no double quote.
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
     out.push(quote);
     for c in s.chars() {
         match c {
@@ -375,21 +336,14 @@ fn py_float(f: f64, json: bool) -> String {
         if point <= 0 {
             format!("{sign}0.{}{digits}", "0".repeat((-point) as usize))
         } else if digits.len() <= point as usize {
-            format!(
-                "{sign}{digits}{}.0",
-                "0".repeat(point as usize - digits.len())
-            )
+            format!("{sign}{digits}{}.0", "0".repeat(point as usize - digits.len()))
         } else {
             let (int, frac) = digits.split_at(point as usize);
             format!("{sign}{int}.{frac}")
         }
     } else {
         let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
+        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{first}{frac}e{esign}{:02}", exp.abs())
     }
@@ -416,9 +370,7 @@ fn tojson_filter(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent = match indent {
         None => None,
         Some(v) if v.is_none() => None,
-        Some(v) if v.kind() == ValueKind::String => {
-            Some(v.as_str().unwrap_or_default().to_string())
-        }
+        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
         Some(v) => {
             let n = i64::try_from(v)?;
             Some(" ".repeat(n.max(0) as usize))
@@ -430,19 +382,11 @@ fn tojson_filter(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
                 .try_iter()?
                 .map(|p| p.as_str().map(str::to_string))
                 .collect::<Option<_>>()
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be two strings",
-                    )
-                })?;
+                .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"))?;
             match <[String; 2]>::try_from(parts) {
                 Ok([a, b]) => (a, b),
                 Err(_) => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be two strings",
-                    ))
+                    return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"))
                 }
             }
         }
@@ -462,12 +406,7 @@ fn tojson_filter(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     Ok(Value::from(out))
 }
 
-fn write_json(
-    value: &Value,
-    style: &JsonStyle,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), Error> {
+fn write_json(value: &Value, style: &JsonStyle, depth: usize, out: &mut String) -> Result<(), Error> {
     let newline = |out: &mut String, depth: usize| {
         if let Some(ind) = &style.indent {
             out.push('\n');
@@ -492,9 +431,7 @@ fn write_json(
                 out.push_str(&py_float(f64::try_from(value.clone())?, true));
             }
         }
-        ValueKind::String => {
-            write_json_str(value.as_str().unwrap_or_default(), style.ensure_ascii, out)
-        }
+        ValueKind::String => write_json_str(value.as_str().unwrap_or_default(), style.ensure_ascii, out),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             if items.is_empty() {
@@ -592,10 +529,7 @@ fn write_json_str(s: &str, ensure_ascii: bool, out: &mut String) {
 /// `strftime_now(fmt)`: the current time formatted like Python's `datetime.strftime`. Uses UTC
 /// (no time-zone database here); covers the directives chat templates use.
 fn strftime_now(fmt: String) -> Result<Value, Error> {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     Ok(Value::from(strftime(secs, &fmt)))
 }
 
@@ -613,15 +547,7 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const WEEKDAYS: [&str; 7] = [
-    "Sunday",
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-];
+const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
 
 fn strftime(unix_secs: i64, fmt: &str) -> String {
     let days = unix_secs.div_euclid(86_400);
@@ -733,20 +659,12 @@ mod tests {
 
     #[test]
     fn chat_matches_jinja2_fixtures() {
-        let doc = load_json(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/chat_templates.json"
-        ));
+        let doc = load_json(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/chat_templates.json"));
         let cases: Vec<Case> = serde_json::from_value(doc).unwrap();
         assert!(cases.len() >= 5);
         for c in cases {
             let t = ChatTemplate::new(&c.template, c.bos_token, c.eos_token).unwrap();
-            let got = t.render(
-                &c.messages,
-                c.tools.as_ref(),
-                c.add_generation_prompt,
-                &c.extra,
-            );
+            let got = t.render(&c.messages, c.tools.as_ref(), c.add_generation_prompt, &c.extra);
             match (c.expected, c.expected_error) {
                 (Some(expected), _) => {
                     let got = got.unwrap_or_else(|e| panic!("{}: {e:#}", c.name));
@@ -754,11 +672,7 @@ mod tests {
                 }
                 (None, Some(msg)) => {
                     let err = format!("{:#}", got.expect_err(&c.name));
-                    assert!(
-                        err.contains(&msg),
-                        "case {}: error {err:?} lacks {msg:?}",
-                        c.name
-                    );
+                    assert!(err.contains(&msg), "case {}: error {err:?} lacks {msg:?}", c.name);
                 }
                 (None, None) => panic!("case {} has no expectation", c.name),
             }
@@ -767,27 +681,14 @@ mod tests {
 
     #[test]
     fn chat_smollm2_template_matches_transformers() {
-        let doc = load_json(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/smollm2_vocab.json"
-        ));
+        let doc = load_json(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/smollm2_vocab.json"));
         let source = doc["chat_template"].as_str().unwrap();
-        let t = ChatTemplate::new(
-            source,
-            Some("<|im_start|>".into()),
-            Some("<|im_end|>".into()),
-        )
-        .unwrap();
+        let t = ChatTemplate::new(source, Some("<|im_start|>".into()), Some("<|im_end|>".into())).unwrap();
         let examples = doc["chat_examples"].as_array().unwrap();
         assert!(!examples.is_empty());
         for ex in examples {
             let got = t
-                .render(
-                    &ex["messages"],
-                    None,
-                    ex["add_generation_prompt"].as_bool().unwrap(),
-                    &Default::default(),
-                )
+                .render(&ex["messages"], None, ex["add_generation_prompt"].as_bool().unwrap(), &Default::default())
                 .unwrap();
             assert_eq!(got, ex["expected"].as_str().unwrap());
         }
@@ -798,21 +699,10 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<ChatTemplate>();
 
-        let t = ChatTemplate::new(
-            "{{ bos_token }}{{ messages|length }}{{ tools }}",
-            Some("<s>".into()),
-            None,
-        )
-        .unwrap();
+        let t = ChatTemplate::new("{{ bos_token }}{{ messages|length }}{{ tools }}", Some("<s>".into()), None).unwrap();
         let extra = json!({"bos_token": "X", "messages": "ignored"});
-        let out = t
-            .render(
-                &json!([{"role": "user", "content": "a"}]),
-                None,
-                false,
-                extra.as_object().unwrap(),
-            )
-            .unwrap();
+        let out =
+            t.render(&json!([{"role": "user", "content": "a"}]), None, false, extra.as_object().unwrap()).unwrap();
         // Caller kwargs override special tokens but not the conversation; absent tools are None.
         assert_eq!(out, "X1None");
     }
@@ -820,19 +710,14 @@ mod tests {
     #[test]
     fn chat_compile_error_is_reported() {
         let err = ChatTemplate::new("{% if %}", None, None).unwrap_err();
-        assert!(
-            format!("{err:#}").contains("invalid chat template"),
-            "{err:#}"
-        );
+        assert!(format!("{err:#}").contains("invalid chat template"), "{err:#}");
     }
 
     #[test]
     fn chat_bad_messages_are_errors() {
         let t = ChatTemplate::new("{{ messages }}", None, None).unwrap();
         let extra = serde_json::Map::new();
-        assert!(t
-            .render(&json!({"role": "user"}), None, false, &extra)
-            .is_err());
+        assert!(t.render(&json!({"role": "user"}), None, false, &extra).is_err());
         assert!(t.render(&json!(["hi"]), None, false, &extra).is_err());
         // Null fields are dropped and reasoning is aliased, like transformers.
         let t = ChatTemplate::new(
@@ -841,14 +726,8 @@ mod tests {
             None,
         )
         .unwrap();
-        let out = t
-            .render(
-                &json!([{"role": "assistant", "content": null, "reasoning": "r"}]),
-                None,
-                false,
-                &extra,
-            )
-            .unwrap();
+        let out =
+            t.render(&json!([{"role": "assistant", "content": null, "reasoning": "r"}]), None, false, &extra).unwrap();
         assert_eq!(out, "False|r|r");
     }
 
@@ -867,30 +746,17 @@ mod tests {
             r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ bos_token }}"}]}"#,
         )
         .unwrap();
-        let t = ChatTemplate::from_dir(&dir, Some("<s>".into()), None)
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            t.render(&json!([]), None, false, &Default::default())
-                .unwrap(),
-            "D<s>"
-        );
+        let t = ChatTemplate::from_dir(&dir, Some("<s>".into()), None).unwrap().unwrap();
+        assert_eq!(t.render(&json!([]), None, false, &Default::default()).unwrap(), "D<s>");
 
         std::fs::write(&jinja, "J\n").unwrap();
         let t = ChatTemplate::from_dir(&dir, None, None).unwrap().unwrap();
         // keep_trailing_newline=false, as jinja2's default.
-        assert_eq!(
-            t.render(&json!([]), None, false, &Default::default())
-                .unwrap(),
-            "J"
-        );
+        assert_eq!(t.render(&json!([]), None, false, &Default::default()).unwrap(), "J");
 
         std::fs::remove_file(&jinja).unwrap();
         std::fs::write(&cfg, "{not json").unwrap();
-        let err = format!(
-            "{:#}",
-            ChatTemplate::from_dir(&dir, None, None).unwrap_err()
-        );
+        let err = format!("{:#}", ChatTemplate::from_dir(&dir, None, None).unwrap_err());
         assert!(err.contains("tokenizer_config.json"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

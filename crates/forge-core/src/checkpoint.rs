@@ -29,7 +29,10 @@ impl Checkpoint {
                 .into_iter()
                 .find(|p| set.contains(&format!("{p}embed_tokens.weight")))
                 .ok_or_else(|| {
-                    anyhow!("{}: no embed_tokens.weight under model.language_model., model. or the root", path.display())
+                    anyhow!(
+                        "{}: no embed_tokens.weight under model.language_model., model. or the root",
+                        path.display()
+                    )
                 })?
                 .to_string();
             Ok((Checkpoint::Hf { dir: path.to_path_buf(), set, prefix }, cfg))
@@ -92,9 +95,9 @@ impl Checkpoint {
 
     /// The tensor, required with an exact shape.
     pub fn require(&self, canonical: &str, shape: &[usize]) -> Result<HostTensor> {
-        let t = self.get(canonical)?.ok_or_else(|| {
-            anyhow!("{}: missing tensor '{}'", self.path().display(), self.stored_name(canonical))
-        })?;
+        let t = self
+            .get(canonical)?
+            .ok_or_else(|| anyhow!("{}: missing tensor '{}'", self.path().display(), self.stored_name(canonical)))?;
         if t.shape != shape {
             bail!(
                 "{}: tensor '{}' has shape {:?}, the config implies {:?}",
@@ -110,9 +113,9 @@ impl Checkpoint {
     /// Like `require` but accepts any shape with the same number of elements (e.g. a conv
     /// weight stored as `[C, 1, K]` and read as `[C, K]`).
     pub fn require_numel(&self, canonical: &str, shape: &[usize]) -> Result<HostTensor> {
-        let mut t = self.get(canonical)?.ok_or_else(|| {
-            anyhow!("{}: missing tensor '{}'", self.path().display(), self.stored_name(canonical))
-        })?;
+        let mut t = self
+            .get(canonical)?
+            .ok_or_else(|| anyhow!("{}: missing tensor '{}'", self.path().display(), self.stored_name(canonical)))?;
         if t.numel() != shape.iter().product::<usize>() {
             bail!(
                 "{}: tensor '{}' has shape {:?}, expected {:?}",
@@ -199,7 +202,7 @@ fn unpermute_rows(data: &[f32], shape: &[usize], n_head: usize) -> Result<Vec<f3
         [r] => (*r, 1),
         _ => bail!("expected a matrix, found shape {shape:?}"),
     };
-    if n_head == 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+    if n_head == 0 || rows % n_head != 0 || !(rows / n_head).is_multiple_of(2) {
         bail!("{rows} rows do not split into {n_head} heads of even size");
     }
     let hd = rows / n_head;
@@ -227,7 +230,8 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     let hidden_size = need("embedding_length")?;
     let num_heads = need("attention.head_count")?;
     let num_kv_heads = f.get_u64(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(num_heads);
-    let head_dim = f.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
+    let head_dim =
+        f.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
     if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 || head_dim == 0 {
         bail!("invalid head configuration: {num_heads} heads, {num_kv_heads} kv heads");
     }
@@ -236,9 +240,9 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     let num_layers = need("block_count")?;
     let rotary_dim = f.get_u64(&key("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim);
     let rope_scaling = match f.get_str(&key("rope.scaling.type")) {
-        Some("linear") => Some(crate::config::RopeScaling::Linear {
-            factor: f.get_f32(&key("rope.scaling.factor")).unwrap_or(1.0),
-        }),
+        Some("linear") => {
+            Some(crate::config::RopeScaling::Linear { factor: f.get_f32(&key("rope.scaling.factor")).unwrap_or(1.0) })
+        }
         _ => None,
     };
     Ok(ModelConfig {

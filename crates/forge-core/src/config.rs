@@ -23,15 +23,8 @@ pub enum LayerKind {
 /// Llama-3 style frequency scaling of RoPE.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position: f32,
-    },
-    Linear {
-        factor: f32,
-    },
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: f32 },
+    Linear { factor: f32 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -97,10 +90,8 @@ impl ModelConfig {
     /// Read `config.json` in a Hugging Face model directory.
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("{}: cannot read", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: malformed JSON", path.display()))?;
+        let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: malformed JSON", path.display()))?;
         Self::from_hf_json(&v).with_context(|| format!("{}", path.display()))
     }
 
@@ -118,12 +109,11 @@ impl ModelConfig {
             ),
             "qwen3_5_text" => (root, Arch::Qwen35),
             "llama" | "mistral" | "qwen2" | "qwen3" | "smollm" | "smollm2" => (root, Arch::Llama),
-            other => bail!(
-                "unknown model_type '{other}' (supported: qwen3_5, qwen3_5_text, llama, mistral, qwen2, qwen3)"
-            ),
+            other => {
+                bail!("unknown model_type '{other}' (supported: qwen3_5, qwen3_5_text, llama, mistral, qwen2, qwen3)")
+            }
         };
-        let need =
-            |key: &str| get_usize(v, key).ok_or_else(|| anyhow!("missing integer field '{key}'"));
+        let need = |key: &str| get_usize(v, key).ok_or_else(|| anyhow!("missing integer field '{key}'"));
         let hidden_size = need("hidden_size")?;
         let num_heads = need("num_attention_heads")?;
         let num_layers = need("num_hidden_layers")?;
@@ -157,9 +147,7 @@ impl ModelConfig {
             "default" | "mrope" => None,
             "llama3" => {
                 let r = scaling_src.unwrap();
-                let f = |k: &str| {
-                    get_f32(r, k).ok_or_else(|| anyhow!("llama3 rope scaling without '{k}'"))
-                };
+                let f = |k: &str| get_f32(r, k).ok_or_else(|| anyhow!("llama3 rope scaling without '{k}'"));
                 Some(RopeScaling::Llama3 {
                     factor: f("factor")?,
                     low_freq_factor: f("low_freq_factor")?,
@@ -186,29 +174,18 @@ impl ModelConfig {
                     .map(|(i, t)| match t.as_str() {
                         Some("linear_attention") => Ok(LayerKind::DeltaNet),
                         Some("full_attention") => Ok(LayerKind::Attention),
-                        _ => Err(anyhow!(
-                            "layer_types[{i}] = {t} is not linear_attention/full_attention"
-                        )),
+                        _ => Err(anyhow!("layer_types[{i}] = {t} is not linear_attention/full_attention")),
                     })
                     .collect::<Result<Vec<_>>>()?,
                 None => {
                     let interval = get_usize(v, "full_attention_interval").unwrap_or(4).max(1);
                     (0..num_layers)
-                        .map(|i| {
-                            if (i + 1) % interval == 0 {
-                                LayerKind::Attention
-                            } else {
-                                LayerKind::DeltaNet
-                            }
-                        })
+                        .map(|i| if (i + 1) % interval == 0 { LayerKind::Attention } else { LayerKind::DeltaNet })
                         .collect()
                 }
             };
             if kinds.len() != num_layers {
-                bail!(
-                    "layer_types has {} entries for {num_layers} layers",
-                    kinds.len()
-                );
+                bail!("layer_types has {} entries for {num_layers} layers", kinds.len());
             }
             let dn = DeltaNetConfig {
                 num_k_heads: get_usize(v, "linear_num_key_heads").unwrap_or(16),
@@ -217,7 +194,7 @@ impl ModelConfig {
                 v_head_dim: get_usize(v, "linear_value_head_dim").unwrap_or(128),
                 conv_kernel: get_usize(v, "linear_conv_kernel_dim").unwrap_or(4),
             };
-            if dn.num_k_heads == 0 || dn.num_v_heads % dn.num_k_heads != 0 {
+            if dn.num_k_heads == 0 || !dn.num_v_heads.is_multiple_of(dn.num_k_heads) {
                 bail!(
                     "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                     dn.num_v_heads,
@@ -230,10 +207,7 @@ impl ModelConfig {
         };
         let eos_token_ids = match v.get("eos_token_id").or_else(|| root.get("eos_token_id")) {
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(|x| x.as_u64().map(|x| x as u32))
-                .collect(),
+            Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
             _ => vec![],
         };
         Ok(ModelConfig {
@@ -250,23 +224,15 @@ impl ModelConfig {
             rotary_dim,
             rope_scaling,
             tie_embeddings: tie,
-            attention_bias: v
-                .get("attention_bias")
-                .and_then(|b| b.as_bool())
-                .unwrap_or(model_type == "qwen2"),
+            attention_bias: v.get("attention_bias").and_then(|b| b.as_bool()).unwrap_or(model_type == "qwen2"),
             qk_norm: arch == Arch::Qwen35 || model_type == "qwen3",
             attn_output_gate: arch == Arch::Qwen35
-                && v.get("attn_output_gate")
-                    .and_then(|b| b.as_bool())
-                    .unwrap_or(true),
+                && v.get("attn_output_gate").and_then(|b| b.as_bool()).unwrap_or(true),
             norm_zero_centered: arch == Arch::Qwen35,
             layer_kinds,
             deltanet,
             max_position_embeddings: get_usize(v, "max_position_embeddings").unwrap_or(4096),
-            bos_token_id: v
-                .get("bos_token_id")
-                .and_then(|x| x.as_u64())
-                .map(|x| x as u32),
+            bos_token_id: v.get("bos_token_id").and_then(|x| x.as_u64()).map(|x| x as u32),
             eos_token_ids,
             model_type,
         })

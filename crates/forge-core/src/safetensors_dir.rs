@@ -33,27 +33,20 @@ impl SafetensorsSet {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let files: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index)
-                .with_context(|| format!("{}: cannot read", index.display()))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("{}: malformed JSON", index.display()))?;
+            let text = std::fs::read_to_string(&index).with_context(|| format!("{}: cannot read", index.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{}: malformed JSON", index.display()))?;
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| anyhow!("{}: missing object field 'weight_map'", index.display()))?;
             let mut names: Vec<String> = Vec::new();
             for (tensor, f) in map {
-                let f = f.as_str().ok_or_else(|| {
-                    anyhow!(
-                        "{}: weight_map entry for '{tensor}' is not a string",
-                        index.display()
-                    )
-                })?;
+                let f = f
+                    .as_str()
+                    .ok_or_else(|| anyhow!("{}: weight_map entry for '{tensor}' is not a string", index.display()))?;
                 if f.contains('/') || f.contains("..") {
-                    bail!(
-                        "{}: weight_map entry '{f}' is not a plain file name",
-                        index.display()
-                    );
+                    bail!("{}: weight_map entry '{f}' is not a plain file name", index.display());
                 }
                 if !names.iter().any(|n| n == f) {
                     names.push(f.to_string());
@@ -71,10 +64,7 @@ impl SafetensorsSet {
                 .collect();
             v.sort();
             if v.is_empty() {
-                bail!(
-                    "{}: no model.safetensors, index or *.safetensors files",
-                    dir.display()
-                );
+                bail!("{}: no model.safetensors, index or *.safetensors files", dir.display());
             }
             v
         };
@@ -82,18 +72,16 @@ impl SafetensorsSet {
     }
 
     pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
-        let mut set = SafetensorsSet {
-            files: Vec::new(),
-            entries: BTreeMap::new(),
-            metadata: HashMap::new(),
-        };
+        let mut set = SafetensorsSet { files: Vec::new(), entries: BTreeMap::new(), metadata: HashMap::new() };
         for path in paths {
-            let file =
-                File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-            let map = map_file(&file)
-                .with_context(|| format!("{}: cannot memory-map", path.display()))?;
-            let (n, meta) = SafeTensors::read_metadata(&map)
-                .map_err(|e| anyhow!("{}: malformed safetensors header: {e:?}", path.display()))?;
+            let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+            let map = map_file(&file).with_context(|| format!("{}: cannot memory-map", path.display()))?;
+            let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| match e {
+                safetensors::SafeTensorError::MetadataIncompleteBuffer => {
+                    anyhow!("{}: {}", path.display(), describe_truncation(&map))
+                }
+                e => anyhow!("{}: malformed safetensors header: {e:?}", path.display()),
+            })?;
             let data_start = 8 + n;
             let idx = set.files.len();
             if let Some(m) = meta.metadata() {
@@ -113,13 +101,7 @@ impl SafetensorsSet {
                 }
                 set.entries.insert(
                     name.clone(),
-                    Entry {
-                        file: idx,
-                        dtype: info.dtype,
-                        shape: info.shape.clone(),
-                        start,
-                        end,
-                    },
+                    Entry { file: idx, dtype: info.dtype, shape: info.shape.clone(), start, end },
                 );
             }
             set.files.push((path.clone(), Arc::new(map)));
@@ -141,9 +123,7 @@ impl SafetensorsSet {
 
     /// The file holding `name` (for error messages).
     pub fn file_of(&self, name: &str) -> Option<&Path> {
-        self.entries
-            .get(name)
-            .map(|e| self.files[e.file].0.as_path())
+        self.entries.get(name).map(|e| self.files[e.file].0.as_path())
     }
 
     /// The tensor `name`, borrowed from the mapping.
@@ -160,16 +140,32 @@ impl SafetensorsSet {
             Dtype::U8 => DType::U8,
             Dtype::I32 => DType::I32,
             Dtype::I64 => DType::I64,
-            other => bail!(
-                "{}: tensor '{name}' has unsupported dtype {other:?}",
-                path.display()
-            ),
+            other => bail!("{}: tensor '{name}' has unsupported dtype {other:?}", path.display()),
         };
         let bytes = Bytes::new(map.clone(), e.start, e.end - e.start);
         HostTensor::from_raw(e.shape.clone(), dtype, bytes)
             .with_context(|| format!("{}: tensor '{name}'", path.display()))
             .map(Some)
     }
+}
+
+/// Name the first tensor whose data lies past the end of a truncated file.
+fn describe_truncation(buf: &[u8]) -> String {
+    let n = buf.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize).unwrap_or(0);
+    let header = buf.get(8..8usize.saturating_add(n)).and_then(|h| serde_json::from_slice::<serde_json::Value>(h).ok());
+    if let Some(serde_json::Value::Object(m)) = header {
+        for (name, info) in &m {
+            let end = info.get("data_offsets").and_then(|o| o.get(1)).and_then(|e| e.as_u64()).unwrap_or(0) as usize;
+            if 8 + n + end > buf.len() {
+                return format!(
+                    "tensor '{name}' ends at byte {} but the file has {} bytes (truncated file?)",
+                    8 + n + end,
+                    buf.len()
+                );
+            }
+        }
+    }
+    format!("the header describes more data than the file's {} bytes (truncated file?)", buf.len())
 }
 
 fn map_file(file: &File) -> std::io::Result<Mmap> {

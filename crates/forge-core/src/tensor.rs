@@ -56,11 +56,7 @@ impl Bytes {
     }
     pub fn from_vec(v: Vec<u8>) -> Self {
         let len = v.len();
-        Bytes {
-            owner: Arc::new(v),
-            start: 0,
-            len,
-        }
+        Bytes { owner: Arc::new(v), start: 0, len }
     }
     pub fn as_slice(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.start..self.start + self.len]
@@ -127,10 +123,7 @@ impl FloatSlice<'_> {
 impl HostTensor {
     pub fn from_f32(shape: Vec<usize>, data: Vec<f32>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
-        HostTensor {
-            shape,
-            storage: Storage::F32(Arc::new(data)),
-        }
+        HostTensor { shape, storage: Storage::F32(Arc::new(data)) }
     }
 
     /// Wrap raw bytes; copies once only if misaligned for the element type.
@@ -145,16 +138,9 @@ impl HostTensor {
                 bytes.len()
             );
         }
-        let aligned = (bytes.as_slice().as_ptr() as usize) % dtype.size() == 0;
-        let bytes = if aligned {
-            bytes
-        } else {
-            aligned_copy(bytes.as_slice(), dtype.size())
-        };
-        Ok(HostTensor {
-            shape,
-            storage: Storage::Raw { bytes, dtype },
-        })
+        let aligned = (bytes.as_slice().as_ptr() as usize).is_multiple_of(dtype.size());
+        let bytes = if aligned { bytes } else { aligned_copy(bytes.as_slice(), dtype.size()) };
+        Ok(HostTensor { shape, storage: Storage::Raw { bytes, dtype } })
     }
 
     pub fn numel(&self) -> usize {

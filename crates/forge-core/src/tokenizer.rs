@@ -40,18 +40,13 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 const TOKEN_TYPE_BYTE: i32 = 6;
 
 /// Token texts that end a generation in the common chat formats, in addition to eos/eot.
-const STOP_TOKEN_TEXTS: &[&str] = &[
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|eot_id|>",
-    "<|end_of_text|>",
-    "<end_of_turn>",
-];
+const STOP_TOKEN_TEXTS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>"];
 
 /// Split regex of Llama-3 `tokenizer.json` (`Split` pre-tokenizer, behavior `Isolated`).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Split regex of Qwen2/2.5/3 `tokenizer.json`: like Llama-3 but single digits.
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -81,8 +76,8 @@ impl Tokenizer {
     /// the stop ids. Missing optional files are fine; unreadable or malformed ones are errors.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| anyhow!("failed to load {}: {e}", path.display()))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("failed to load {}: {e}", path.display()))?;
 
         let tok_cfg = read_optional_json(&dir.join("tokenizer_config.json"))?;
         let gen_cfg = read_optional_json(&dir.join("generation_config.json"))?;
@@ -116,9 +111,7 @@ impl Tokenizer {
         };
         let gen_eos = cfg_id(&gen_cfg, "eos_token_id");
         let model_eos = cfg_id(&model_cfg, "eos_token_id");
-        let eos = cfg_token("eos_token")
-            .or_else(|| gen_eos.first().copied())
-            .or_else(|| model_eos.first().copied());
+        let eos = cfg_token("eos_token").or_else(|| gen_eos.first().copied()).or_else(|| model_eos.first().copied());
 
         let add_bos = match tok_cfg.as_ref().and_then(|c| c.get("add_bos_token")) {
             Some(Value::Bool(b)) => *b,
@@ -143,12 +136,7 @@ impl Tokenizer {
             );
         }
         let n = v.tokens.len();
-        for (name, id) in [
-            ("bos", v.bos),
-            ("eos", v.eos),
-            ("eot", v.eot),
-            ("pad", v.pad),
-        ] {
+        for (name, id) in [("bos", v.bos), ("eos", v.eos), ("eot", v.eot), ("pad", v.pad)] {
             if let Some(id) = id {
                 if id as usize >= n {
                     bail!("GGUF {name} token id {id} is out of range (vocabulary has {n} tokens)");
@@ -178,34 +166,19 @@ impl Tokenizer {
     ) -> Self {
         let mut stop_ids: Vec<u32> = Vec::new();
         let named = STOP_TOKEN_TEXTS.iter().filter_map(|t| inner.token_to_id(t));
-        for id in eos
-            .into_iter()
-            .chain(eot)
-            .chain(extra_stops.iter().copied())
-            .chain(named)
-        {
+        for id in eos.into_iter().chain(eot).chain(extra_stops.iter().copied()).chain(named) {
             if !stop_ids.contains(&id) {
                 stop_ids.push(id);
             }
         }
         let vocab_size = inner.get_vocab_size(true);
-        Self {
-            inner,
-            bos,
-            eos,
-            add_bos: add_bos && bos.is_some(),
-            stop_ids,
-            vocab_size,
-        }
+        Self { inner, bos, eos, add_bos: add_bos && bos.is_some(), stop_ids, vocab_size }
     }
 
     /// Encodes `text`. Special/added tokens written in the text (e.g. `<|im_start|>`) become single
     /// tokens. BOS is prepended when `add_bos` is set and the model has a BOS token.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| anyhow!("tokenization failed: {e}"))?;
+        let enc = self.inner.encode_fast(text, false).map_err(|e| anyhow!("tokenization failed: {e}"))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if add_bos {
             ids.extend(self.bos);
@@ -217,14 +190,9 @@ impl Tokenizer {
     /// Decodes ids to text; invalid UTF-8 (e.g. half of a multi-byte character) becomes U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         if let Some(bad) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
-            bail!(
-                "token id {bad} is not in the vocabulary ({} tokens)",
-                self.vocab_size
-            );
+            bail!("token id {bad} is not in the vocabulary ({} tokens)", self.vocab_size);
         }
-        self.inner
-            .decode(ids, skip_special)
-            .map_err(|e| anyhow!("detokenization failed: {e}"))
+        self.inner.decode(ids, skip_special).map_err(|e| anyhow!("detokenization failed: {e}"))
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -269,9 +237,9 @@ impl Tokenizer {
 
 fn read_optional_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text)
-            .map(Some)
-            .with_context(|| format!("failed to parse {}", path.display())),
+        Ok(text) => {
+            serde_json::from_str(&text).map(Some).with_context(|| format!("failed to parse {}", path.display()))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("failed to read {}", path.display())),
     }
@@ -340,9 +308,7 @@ fn gpt2_tokenizer_json(v: &GgufVocab) -> Result<Value> {
     let pre = v.pre.as_deref();
     let (normalizer, pre_tokenizer, ignore_merges) = match pre {
         None | Some("default" | "gpt2" | "gpt-2") => (Value::Null, byte_level(true), false),
-        Some(
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b",
-        ) => (
+        Some("smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b") => (
             Value::Null,
             json!({"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": true},
@@ -352,22 +318,12 @@ fn gpt2_tokenizer_json(v: &GgufVocab) -> Result<Value> {
         ),
         // Llama-3's tokenizer.json sets ignore_merges: whole pre-tokens found in the vocab are
         // emitted directly (llama.cpp does the same for this pre type).
-        Some("llama3" | "llama-v3" | "llama-bpe") => {
-            (Value::Null, split_then_byte_level(LLAMA3_SPLIT), true)
-        }
-        Some("qwen2" | "deepseek-r1-qwen") => (
-            json!({"type": "NFC"}),
-            split_then_byte_level(QWEN2_SPLIT),
-            false,
-        ),
+        Some("llama3" | "llama-v3" | "llama-bpe") => (Value::Null, split_then_byte_level(LLAMA3_SPLIT), true),
+        Some("qwen2" | "deepseek-r1-qwen") => (json!({"type": "NFC"}), split_then_byte_level(QWEN2_SPLIT), false),
         Some(other) => bail!("GGUF tokenizer pre-tokenizer '{other}' not supported yet"),
     };
 
-    let merges = v
-        .merges
-        .iter()
-        .map(|m| split_merge(m))
-        .collect::<Result<Vec<_>>>()?;
+    let merges = v.merges.iter().map(|m| split_merge(m)).collect::<Result<Vec<_>>>()?;
 
     Ok(json!({
         "version": "1.0",
@@ -391,10 +347,7 @@ fn gpt2_tokenizer_json(v: &GgufVocab) -> Result<Value> {
 fn split_merge(m: &str) -> Result<[String; 2]> {
     let first = m.chars().next().map_or(0, char::len_utf8);
     match m[first..].find(' ') {
-        Some(pos) => Ok([
-            m[..first + pos].to_string(),
-            m[first + pos + 1..].to_string(),
-        ]),
+        Some(pos) => Ok([m[..first + pos].to_string(), m[first + pos + 1..].to_string()]),
         None => bail!("malformed GGUF merge {m:?} (expected two space-separated tokens)"),
     }
 }
@@ -403,11 +356,7 @@ fn split_merge(m: &str) -> Result<[String; 2]> {
 /// "▁" normalizer, BPE with byte fallback, merges recovered from the piece scores.
 fn llama_tokenizer_json(v: &GgufVocab) -> Result<Value> {
     if !v.scores.is_empty() && v.scores.len() != v.tokens.len() {
-        bail!(
-            "GGUF tokenizer.ggml.scores has {} entries but there are {} tokens",
-            v.scores.len(),
-            v.tokens.len()
-        );
+        bail!("GGUF tokenizer.ggml.scores has {} entries but there are {} tokens", v.scores.len(), v.tokens.len());
     }
     let unk = (0..v.tokens.len())
         .find(|&id| token_type(v, id) == TOKEN_TYPE_UNKNOWN)
@@ -453,10 +402,7 @@ fn spm_merges(v: &GgufVocab) -> Vec<[String; 2]> {
     let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
     for (id, piece) in v.tokens.iter().enumerate() {
         // Control, byte and unknown pieces are never produced by merging.
-        if matches!(
-            token_type(v, id),
-            TOKEN_TYPE_CONTROL | TOKEN_TYPE_BYTE | TOKEN_TYPE_UNKNOWN
-        ) {
+        if matches!(token_type(v, id), TOKEN_TYPE_CONTROL | TOKEN_TYPE_BYTE | TOKEN_TYPE_UNKNOWN) {
             continue;
         }
         let score = v.scores.get(id).copied().unwrap_or(-(id as f32));
@@ -466,15 +412,8 @@ fn spm_merges(v: &GgufVocab) -> Vec<[String; 2]> {
             }
         }
     }
-    merges.sort_by(|a, b| {
-        b.0.total_cmp(&a.0)
-            .then(a.1.cmp(&b.1))
-            .then((a.2, a.3).cmp(&(b.2, b.3)))
-    });
-    merges
-        .into_iter()
-        .map(|(_, _, l, r)| [v.tokens[l].clone(), v.tokens[r].clone()])
-        .collect()
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then((a.2, a.3).cmp(&(b.2, b.3))));
+    merges.into_iter().map(|(_, _, l, r)| [v.tokens[l].clone(), v.tokens[r].clone()]).collect()
 }
 
 /// Incremental detokenizer for streaming: feed ids, get the newly completed UTF-8 text. Text is
@@ -496,12 +435,7 @@ pub struct StreamDecoder<'a> {
 impl<'a> StreamDecoder<'a> {
     /// A decoder that keeps special tokens in the output text.
     pub fn new(tok: &'a Tokenizer) -> Self {
-        Self {
-            tok,
-            skip_special: false,
-            ids: Vec::new(),
-            read: 0,
-        }
+        Self { tok, skip_special: false, ids: Vec::new(), read: 0 }
     }
 
     /// Drops special tokens (e.g. `<|im_end|>`) from the streamed text.
@@ -549,11 +483,7 @@ fn suffix_after<'s>(full: &'s str, prefix: &str) -> &'s str {
         return rest;
     }
     // char_indices yields char boundaries, so slicing at the first mismatch cannot panic.
-    let common = full
-        .char_indices()
-        .zip(prefix.chars())
-        .find(|((_, a), b)| a != b)
-        .map_or(full.len(), |((i, _), _)| i);
+    let common = full.char_indices().zip(prefix.chars()).find(|((_, a), b)| a != b).map_or(full.len(), |((i, _), _)| i);
     &full[common..]
 }
 
@@ -562,11 +492,7 @@ mod tests {
     use super::*;
 
     fn ids_of(v: &Value) -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
     }
 
     fn opt_id(v: &Value) -> Option<u32> {
@@ -576,30 +502,17 @@ mod tests {
     /// The SmolLM2-135M-Instruct GGUF vocabulary and the expected ids, written by
     /// tools/make_tokenizer_fixtures.py.
     fn smollm2() -> (Tokenizer, Value) {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/smollm2_vocab.json"
-        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/smollm2_vocab.json");
         let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let doc: Value = serde_json::from_str(&text).unwrap();
         let strings = |k: &str| -> Vec<String> {
-            doc[k]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s.as_str().unwrap().to_string())
-                .collect()
+            doc[k].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect()
         };
         let vocab = GgufVocab {
             model: doc["model"].as_str().unwrap().to_string(),
             pre: doc["pre"].as_str().map(str::to_string),
             tokens: strings("tokens"),
-            token_types: doc["token_types"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap() as i32)
-                .collect(),
+            token_types: doc["token_types"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap() as i32).collect(),
             scores: Vec::new(),
             merges: strings("merges"),
             bos: opt_id(&doc["bos"]),
@@ -629,11 +542,7 @@ mod tests {
             let want = ids_of(&case["ids"]);
             let got = tok.encode(text, false).unwrap();
             assert_eq!(got, want, "encode({text:?})");
-            assert_eq!(
-                tok.decode(&got, false).unwrap(),
-                text,
-                "decode(encode({text:?}))"
-            );
+            assert_eq!(tok.decode(&got, false).unwrap(), text, "decode(encode({text:?}))");
         }
     }
 
@@ -669,10 +578,7 @@ mod tests {
             assert_eq!(out, text);
             if text.contains('🚀') {
                 // The emoji is spread over several byte tokens, so some pushes emit nothing.
-                assert!(
-                    pending_steps > 0,
-                    "{text:?}: expected a split multi-byte char"
-                );
+                assert!(pending_steps > 0, "{text:?}: expected a split multi-byte char");
             }
         }
         // An incomplete character at the end is flushed as U+FFFD by finish().
@@ -715,25 +621,16 @@ mod tests {
             types.push(TOKEN_TYPE_BYTE);
         }
         let pieces = [
-            "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "▁hell", "▁hello", "▁w",
-            "or", "▁wor", "ld", "▁world",
+            "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "▁hell", "▁hello", "▁w", "or", "▁wor", "ld",
+            "▁world",
         ];
         for p in pieces {
             tokens.push(p.into());
             types.push(TOKEN_TYPE_NORMAL);
         }
         // Longer merged pieces score higher, like a trained model's merge order.
-        let scores = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                if i < 259 {
-                    0.0
-                } else {
-                    t.chars().count() as f32
-                }
-            })
-            .collect();
+        let scores =
+            tokens.iter().enumerate().map(|(i, t)| if i < 259 { 0.0 } else { t.chars().count() as f32 }).collect();
         GgufVocab {
             model: "llama".into(),
             tokens,
@@ -748,10 +645,7 @@ mod tests {
     #[test]
     fn tokenizer_sentencepiece_gguf() {
         let tok = Tokenizer::from_gguf(&spm_vocab()).unwrap();
-        assert!(
-            tok.add_bos(),
-            "SentencePiece vocabularies add BOS by default"
-        );
+        assert!(tok.add_bos(), "SentencePiece vocabularies add BOS by default");
         let id = |t: &str| tok.token_to_id(t).unwrap();
         let ids = tok.encode("hello world", true).unwrap();
         assert_eq!(ids, vec![1, id("▁hello"), id("▁world")]);
@@ -809,19 +703,12 @@ mod tests {
             r#"{"bos_token": {"content": "<|im_start|>"}, "eos_token": "<|im_end|>", "add_bos_token": true}"#,
         )
         .unwrap();
-        std::fs::write(
-            dir.join("generation_config.json"),
-            r#"{"eos_token_id": [2, 5]}"#,
-        )
-        .unwrap();
+        std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [2, 5]}"#).unwrap();
         let t = Tokenizer::from_dir(&dir).unwrap();
         assert_eq!((t.bos_id(), t.add_bos()), (Some(1), true));
         assert_eq!(t.eos_token().as_deref(), Some("<|im_end|>"));
         assert_eq!(t.stop_ids(), &[2, 5, 0]);
-        assert_eq!(
-            t.encode("x = 12345", false).unwrap(),
-            tok.encode("x = 12345", false).unwrap()
-        );
+        assert_eq!(t.encode("x = 12345", false).unwrap(), tok.encode("x = 12345", false).unwrap());
 
         std::fs::write(dir.join("config.json"), "{oops").unwrap();
         let err = format!("{:#}", Tokenizer::from_dir(&dir).err().unwrap());

@@ -23,7 +23,7 @@ impl Rope {
                 for f in inv_freq.iter_mut() {
                     let wavelen = 2.0 * std::f32::consts::PI / *f;
                     let scaled = if wavelen > low_wavelen { *f / factor } else { *f };
-                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                     *f = if medium {
                         let smooth =
                             (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
@@ -80,7 +80,7 @@ mod tests {
         let q5 = rot(&q, 5, &mut c, &mut s);
         assert!((q5.iter().map(|x| x * x).sum::<f32>() - q.iter().map(|x| x * x).sum::<f32>()).abs() < 1e-5);
         assert_eq!(&q5[8..], &q[8..]); // partial rotary: tail untouched
-        // <R(p)q, R(p')k> depends only on p - p'.
+                                       // <R(p)q, R(p')k> depends only on p - p'.
         let d1: f32 = rot(&q, 7, &mut c, &mut s).iter().zip(rot(&k, 3, &mut c, &mut s)).map(|(a, b)| a * b).sum();
         let d2: f32 = rot(&q, 14, &mut c, &mut s).iter().zip(rot(&k, 10, &mut c, &mut s)).map(|(a, b)| a * b).sum();
         assert!((d1 - d2).abs() < 1e-4);

@@ -124,8 +124,14 @@ mod tests {
         let mut s = Sampler::new(SamplingParams { temperature: 0.0, ..Default::default() });
         assert_eq!(s.sample(&logits), 1);
         let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 42 };
-        let a: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.sample(&logits)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
     }
 

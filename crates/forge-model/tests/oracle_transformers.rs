@@ -11,7 +11,7 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
 }
 
-fn tokens(dir: &PathBuf) -> Vec<u32> {
+fn tokens(dir: &std::path::Path) -> Vec<u32> {
     std::fs::read_to_string(dir.join("tokens.txt"))
         .unwrap()
         .split(|c: char| c.is_whitespace() || c == ',')
