@@ -1,8 +1,13 @@
 //! `forge`: quantize, evaluate and run LLMs on CPUs.
 
+mod cmd_chat;
 mod cmd_demo;
+mod cmd_eval;
 mod cmd_generate;
+mod cmd_inspect;
 mod cmd_logits;
+mod cmd_quantize;
+mod cmd_serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -25,6 +30,16 @@ enum Cmd {
     Logits(cmd_logits::Args),
     /// Generate text from a prompt (streams the generated text to stdout).
     Generate(cmd_generate::Args),
+    /// Evaluate: teacher reference, KL of a candidate against it, perplexity.
+    Eval(cmd_eval::Args),
+    /// Quantize a model into an export (LUT/INT8 formats, per-matrix plan).
+    Quantize(cmd_quantize::Args),
+    /// Show what an export holds: formats, bits/weight, SNR, sizes.
+    Inspect(cmd_inspect::Args),
+    /// OpenAI-compatible HTTP server (chat completions, streaming, tools, reasoning, prompt cache).
+    Serve(cmd_serve::Args),
+    /// Interactive chat in the terminal (/reset, /think, /quit).
+    Chat(cmd_chat::Args),
     /// Fetch the embedded default model (SmolLM2-135M-Instruct) into the cache.
     Fetch,
 }
@@ -40,6 +55,11 @@ fn main() {
         Cmd::Demo(a) => cmd_demo::run(a),
         Cmd::Logits(a) => cmd_logits::run(a),
         Cmd::Generate(a) => cmd_generate::run(a),
+        Cmd::Eval(a) => cmd_eval::run(a),
+        Cmd::Quantize(a) => cmd_quantize::run(a),
+        Cmd::Inspect(a) => cmd_inspect::run(a),
+        Cmd::Serve(a) => cmd_serve::run(a),
+        Cmd::Chat(a) => cmd_chat::run(a),
         Cmd::Fetch => forge_core::hub::resolve_model("smollm2", true).map(|p| println!("{}", p.display())),
     };
     if let Err(e) = r {

@@ -3,7 +3,11 @@
 pub mod act;
 pub mod attention;
 pub mod deltanet;
+pub mod fwht;
+pub mod lut;
 pub mod matmul;
 pub mod norm;
+pub mod numpy_rng;
 pub mod rope;
+pub mod rotation;
 pub mod simd;

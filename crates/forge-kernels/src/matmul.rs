@@ -13,16 +13,60 @@ const ROW_BLOCK: usize = 64;
 /// From this many input rows on, use the blocked GEMM.
 const GEMM_MIN_ROWS: usize = 6;
 
+/// A matrix that can hand out rows `r0..r0+n` as f32 (borrowed when stored as f32, else
+/// decoded into `buf`). Blocks start at multiples of 64 rows.
+pub trait RowSource: Sync {
+    fn n_in(&self) -> usize;
+    fn n_out(&self) -> usize;
+    /// Rows as a borrowed f32 slice, when stored that way.
+    fn borrowed(&self, _r0: usize, _n: usize) -> Option<&[f32]> {
+        None
+    }
+    /// Decode rows into `buf` (`n × n_in`).
+    fn decode(&self, r0: usize, n: usize, buf: &mut [f32]);
+}
+
+/// A dense float matrix (`[n_out, n_in]`, f32/BF16/F16) as a row source.
+pub struct DenseRows<'a> {
+    pub w: FloatSlice<'a>,
+    pub n_out: usize,
+    pub n_in: usize,
+}
+
+impl RowSource for DenseRows<'_> {
+    fn n_in(&self) -> usize {
+        self.n_in
+    }
+    fn n_out(&self) -> usize {
+        self.n_out
+    }
+    fn borrowed(&self, r0: usize, n: usize) -> Option<&[f32]> {
+        match self.w {
+            FloatSlice::F32(s) => Some(&s[r0 * self.n_in..(r0 + n) * self.n_in]),
+            _ => None,
+        }
+    }
+    fn decode(&self, r0: usize, _n: usize, buf: &mut [f32]) {
+        self.w.read_into(r0 * self.n_in, buf);
+    }
+}
+
 /// `y[t, o] = Σ_i x[t, i] · w[o, i]`; `x` is `t × n_in`, `y` is `t × n_out`.
 pub fn matmul_xwt(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize, y: &mut [f32]) {
+    assert_eq!(w.len(), n_out * n_in);
+    matmul_rows(x, t, &DenseRows { w, n_out, n_in }, y)
+}
+
+/// `y = x Wᵀ` for any row source.
+pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
+    let (n_out, n_in) = (w.n_out(), w.n_in());
     assert_eq!(x.len(), t * n_in, "x has {} values, expected {t}×{n_in}", x.len());
     assert_eq!(y.len(), t * n_out);
-    assert_eq!(w.len(), n_out * n_in);
     if t == 0 || n_out == 0 {
         return;
     }
     if t >= GEMM_MIN_ROWS {
-        return gemm_path(x, t, w, n_out, n_in, y);
+        return gemm_path(x, t, w, y);
     }
     // Output laid out [n_out][t] per block, transposed afterwards (t is small).
     let mut yt = vec![0f32; n_out * t];
@@ -30,8 +74,16 @@ pub fn matmul_xwt(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize,
         let r0 = b * ROW_BLOCK;
         let rows = out.len() / t;
         let mut buf = Vec::new();
+        let block: &[f32] = match w.borrowed(r0, rows) {
+            Some(s) => s,
+            None => {
+                buf.resize(rows * n_in, 0.0);
+                w.decode(r0, rows, &mut buf);
+                &buf
+            }
+        };
         for r in 0..rows {
-            let wr = row(w, r0 + r, n_in, &mut buf);
+            let wr = &block[r * n_in..(r + 1) * n_in];
             for tt in 0..t {
                 out[r * t + tt] = crate::simd::dot(&x[tt * n_in..(tt + 1) * n_in], wr);
             }
@@ -44,21 +96,9 @@ pub fn matmul_xwt(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize,
     }
 }
 
-/// Weight row `r` as f32 (borrowed when already f32).
-fn row<'a>(w: FloatSlice<'a>, r: usize, n_in: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-    match w {
-        FloatSlice::F32(s) => &s[r * n_in..(r + 1) * n_in],
-        other => {
-            buf.resize(n_in, 0.0);
-            other.read_into(r * n_in, buf);
-            buf
-        }
-    }
-}
-
-fn gemm_path(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize, y: &mut [f32]) {
-    // Blocks of weight rows; each task writes its own column range of y, which is disjoint, but
-    // rows of y are interleaved, so tasks produce [t × block] tiles that are scattered after.
+fn gemm_path(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
+    let (n_out, n_in) = (w.n_out(), w.n_in());
+    // Blocks of weight rows; each task produces a [t × block] tile, scattered into y after.
     const BLOCK: usize = 256;
     let n_blocks = n_out.div_ceil(BLOCK);
     let tiles: Vec<Vec<f32>> = (0..n_blocks)
@@ -66,12 +106,12 @@ fn gemm_path(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize, y: &
         .map(|b| {
             let r0 = b * BLOCK;
             let rows = BLOCK.min(n_out - r0);
-            let mut wbuf;
-            let wb: &[f32] = match w {
-                FloatSlice::F32(s) => &s[r0 * n_in..(r0 + rows) * n_in],
-                other => {
-                    wbuf = vec![0f32; rows * n_in];
-                    other.read_into(r0 * n_in, &mut wbuf);
+            let mut wbuf = Vec::new();
+            let wb: &[f32] = match w.borrowed(r0, rows) {
+                Some(s) => s,
+                None => {
+                    wbuf.resize(rows * n_in, 0.0);
+                    w.decode(r0, rows, &mut wbuf);
                     &wbuf
                 }
             };

@@ -1,5 +1,6 @@
 //! Forge models: one graph per architecture family written over [`linear::Linear`], explicit
 //! session state, sampling and generation.
+pub mod export;
 pub mod generate;
 pub mod linear;
 pub mod load;

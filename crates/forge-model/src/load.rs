@@ -24,9 +24,25 @@ impl Loaded {
     }
 }
 
+/// Load a Hugging Face directory, a GGUF file or a Forge export.
 pub fn load(path: &Path) -> Result<Loaded> {
+    if crate::export::is_export(path) {
+        let ex = crate::export::Export::open(path)?;
+        let src = ex.source()?;
+        let mut loaded = load_with(&src, &|name, o, i| ex.linear(name, o, i))?;
+        if let (Some(table), crate::model::Embedding::Table(_)) = (ex.embedding()?, &loaded.model.embed) {
+            loaded.model.embed = crate::model::Embedding::Table(table);
+        }
+        loaded.path = path.to_path_buf();
+        return Ok(loaded);
+    }
+    load_with(path, &|_, _, _| Ok(None))
+}
+
+/// Load a checkpoint with some linear layers supplied by `provider`.
+pub fn load_with(path: &Path, provider: &crate::model::LinearProvider) -> Result<Loaded> {
     let (ck, cfg) = Checkpoint::open(path)?;
-    let model = Model::load(&ck, cfg)?;
+    let model = Model::load_with(&ck, cfg, provider)?;
     let (tokenizer, template) = match &ck {
         Checkpoint::Hf { dir, .. } => {
             let tok = if dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };

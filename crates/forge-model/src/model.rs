@@ -57,10 +57,22 @@ pub struct Layer {
     pub mlp: Mlp,
 }
 
+/// Where token embeddings come from.
+#[derive(Clone)]
+pub enum Embedding {
+    /// `[vocab, hidden]` table, looked up row by row.
+    Table(HostTensor),
+    /// Tied to the head, which is quantized: rows decoded from the head (the matrix is stored once).
+    TiedHead,
+}
+
+/// Supplies a replacement (e.g. quantized) linear layer by canonical name, `None` to read the
+/// dense weight from the checkpoint.
+pub type LinearProvider<'a> = dyn Fn(&str, usize, usize) -> Result<Option<Linear>> + 'a;
+
 pub struct Model {
     pub cfg: ModelConfig,
-    /// `[vocab, hidden]`, looked up row by row.
-    pub embed: HostTensor,
+    pub embed: Embedding,
     pub layers: Vec<Layer>,
     pub final_norm: Vec<f32>,
     pub head: Linear,
@@ -79,7 +91,20 @@ fn small(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>> {
     ck.require_numel(name, &[n])?.to_f32_vec()
 }
 
-fn linear(ck: &Checkpoint, name: &str, out_f: usize, in_f: usize, bias: bool) -> Result<Linear> {
+fn linear(
+    ck: &Checkpoint,
+    provider: &LinearProvider,
+    name: &str,
+    out_f: usize,
+    in_f: usize,
+    bias: bool,
+) -> Result<Linear> {
+    if let Some(mut l) = provider(name, out_f, in_f)? {
+        if bias && l.bias.is_none() {
+            l.bias = ck.get(&format!("{name}.bias"))?.map(|b| b.to_f32_vec()).transpose()?;
+        }
+        return Ok(l);
+    }
     let w = ck.require(&format!("{name}.weight"), &[out_f, in_f])?;
     let b = if bias {
         match ck.get(&format!("{name}.bias"))? {
@@ -101,9 +126,20 @@ fn linear(ck: &Checkpoint, name: &str, out_f: usize, in_f: usize, bias: bool) ->
 impl Model {
     /// Build the graph from a checkpoint, checking every tensor's shape against the config.
     pub fn load(ck: &Checkpoint, cfg: ModelConfig) -> Result<Model> {
+        Self::load_with(ck, cfg, &|_, _, _| Ok(None))
+    }
+
+    /// Like `load`, with linear layers supplied by `provider` where it has them.
+    pub fn load_with(ck: &Checkpoint, cfg: ModelConfig, provider: &LinearProvider) -> Result<Model> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed = ck.require("embed_tokens.weight", &[v, h])?;
-        embed.floats().with_context(|| format!("{}: embed_tokens.weight", ck.path().display()))?;
+        let head_override = provider("lm_head", v, h)?;
+        let embed = if cfg.tie_embeddings && head_override.is_some() {
+            Embedding::TiedHead
+        } else {
+            let e = ck.require("embed_tokens.weight", &[v, h])?;
+            e.floats().with_context(|| format!("{}: embed_tokens.weight", ck.path().display()))?;
+            Embedding::Table(e)
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (i, kind) in cfg.layer_kinds.iter().enumerate() {
             let p = format!("layers.{i}");
@@ -112,10 +148,10 @@ impl Model {
                     let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
                     let a = format!("{p}.self_attn");
                     Mixer::Attention(Attention {
-                        q: linear(ck, &format!("{a}.q_proj"), cfg.q_proj_dim(), h, true)?,
-                        k: linear(ck, &format!("{a}.k_proj"), kvh * hd, h, true)?,
-                        v: linear(ck, &format!("{a}.v_proj"), kvh * hd, h, true)?,
-                        o: linear(ck, &format!("{a}.o_proj"), h, nh * hd, true)?,
+                        q: linear(ck, provider, &format!("{a}.q_proj"), cfg.q_proj_dim(), h, true)?,
+                        k: linear(ck, provider, &format!("{a}.k_proj"), kvh * hd, h, true)?,
+                        v: linear(ck, provider, &format!("{a}.v_proj"), kvh * hd, h, true)?,
+                        o: linear(ck, provider, &format!("{a}.o_proj"), h, nh * hd, true)?,
                         q_norm: if cfg.qk_norm { Some(small(ck, &format!("{a}.q_norm.weight"), hd)?) } else { None },
                         k_norm: if cfg.qk_norm { Some(small(ck, &format!("{a}.k_norm.weight"), hd)?) } else { None },
                     })
@@ -124,11 +160,11 @@ impl Model {
                     let d = cfg.deltanet.as_ref().unwrap();
                     let a = format!("{p}.linear_attn");
                     Mixer::DeltaNet(DeltaNet {
-                        in_qkv: linear(ck, &format!("{a}.in_proj_qkv"), d.conv_dim(), h, false)?,
-                        in_z: linear(ck, &format!("{a}.in_proj_z"), d.value_dim(), h, false)?,
-                        in_b: linear(ck, &format!("{a}.in_proj_b"), d.num_v_heads, h, false)?,
-                        in_a: linear(ck, &format!("{a}.in_proj_a"), d.num_v_heads, h, false)?,
-                        out: linear(ck, &format!("{a}.out_proj"), h, d.value_dim(), false)?,
+                        in_qkv: linear(ck, provider, &format!("{a}.in_proj_qkv"), d.conv_dim(), h, false)?,
+                        in_z: linear(ck, provider, &format!("{a}.in_proj_z"), d.value_dim(), h, false)?,
+                        in_b: linear(ck, provider, &format!("{a}.in_proj_b"), d.num_v_heads, h, false)?,
+                        in_a: linear(ck, provider, &format!("{a}.in_proj_a"), d.num_v_heads, h, false)?,
+                        out: linear(ck, provider, &format!("{a}.out_proj"), h, d.value_dim(), false)?,
                         conv_w: ck
                             .require_numel(&format!("{a}.conv1d.weight"), &[d.conv_dim(), d.conv_kernel])?
                             .to_f32_vec()?,
@@ -145,16 +181,16 @@ impl Model {
                 post_norm: small(ck, &format!("{p}.post_attention_layernorm.weight"), h)?,
                 mixer,
                 mlp: Mlp {
-                    gate: linear(ck, &format!("{m}.gate_proj"), f, h, false)?,
-                    up: linear(ck, &format!("{m}.up_proj"), f, h, false)?,
-                    down: linear(ck, &format!("{m}.down_proj"), h, f, false)?,
+                    gate: linear(ck, provider, &format!("{m}.gate_proj"), f, h, false)?,
+                    up: linear(ck, provider, &format!("{m}.up_proj"), f, h, false)?,
+                    down: linear(ck, provider, &format!("{m}.down_proj"), h, f, false)?,
                 },
             });
         }
-        let head = match ck.get("lm_head.weight")? {
-            Some(_) if !cfg.tie_embeddings => linear(ck, "lm_head", v, h, false)?,
-            _ if cfg.tie_embeddings => Linear::dense("lm_head", embed.clone(), None),
-            _ => bail!("{}: missing tensor 'lm_head.weight' (embeddings are not tied)", ck.path().display()),
+        let head = match (head_override, &embed) {
+            (Some(l), _) => l,
+            (None, Embedding::Table(e)) if cfg.tie_embeddings => Linear::dense("lm_head", e.clone(), None),
+            (None, _) => linear(ck, provider, "lm_head", v, h, false)?,
         };
         let rope = Rope::new(cfg.rope_theta, cfg.rotary_dim, cfg.rope_scaling.as_ref());
         Ok(Model { final_norm: small(ck, "norm.weight", h)?, embed, layers, head, rope, cfg })
@@ -172,13 +208,12 @@ impl Model {
             bail!("forward called with no tokens");
         }
         let (h, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        let emb = self.embed.floats()?;
         let mut x = vec![0f32; t * h];
         for (i, &tok) in tokens.iter().enumerate() {
             if tok as usize >= vocab {
                 bail!("token id {tok} is out of range for vocabulary size {vocab}");
             }
-            emb.read_into(tok as usize * h, &mut x[i * h..(i + 1) * h]);
+            self.embed_row(tok, &mut x[i * h..(i + 1) * h])?;
         }
         let zc = self.cfg.norm_zero_centered;
         let eps = self.cfg.rms_eps;
@@ -214,6 +249,20 @@ impl Model {
             rmsnorm(xi, &self.final_norm, eps, zc, hi);
         }
         self.head.forward(&normed, n)
+    }
+
+    /// The embedding of `tok` in the model's original basis.
+    pub fn embed_row(&self, tok: u32, out: &mut [f32]) -> Result<()> {
+        match &self.embed {
+            Embedding::Table(e) => e.floats()?.read_into(tok as usize * self.cfg.hidden_size, out),
+            Embedding::TiedHead => {
+                self.head.decode_rows(tok as usize, 1, out)?;
+                if let Some(r) = &self.head.rotation {
+                    r.unrotate_weight(out, 1);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Vec<f32>> {

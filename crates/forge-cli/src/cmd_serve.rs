@@ -1,0 +1,106 @@
+use anyhow::Result;
+use forge_server::engine::EngineConfig;
+use forge_server::request::Overrides;
+use forge_server::{App, ServerConfig};
+
+/// Flags shared by `serve` and `chat`: the model, the context, and the generation defaults that
+/// replace the model family's.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Model: Hugging Face directory, GGUF file, Forge export, or a short name (smollm2).
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    /// Context length (prompt + completion) of one request.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// Prompt cache budget in MiB (model states kept for reuse by later requests).
+    #[arg(long, default_value_t = 1024)]
+    pub cache_mb: usize,
+    /// Thinking on by default (requests override with chat_template_kwargs.enable_thinking).
+    #[arg(long)]
+    pub think: bool,
+    /// Default temperature (0 = greedy), instead of the model family's.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Default presence penalty.
+    #[arg(long)]
+    pub presence_penalty: Option<f32>,
+    /// Default repetition penalty (1 = off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// Default max_tokens when a request gives none.
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Close thinking after this many tokens by inserting </think>.
+    #[arg(long)]
+    pub thinking_budget: Option<usize>,
+    /// End generation when the last N tokens are one short block repeated (0 = off).
+    #[arg(long, default_value_t = 256)]
+    pub loop_guard: usize,
+}
+
+impl EngineArgs {
+    pub fn load(&self, api_key: Option<String>, model_name: Option<String>, test_hooks: bool) -> Result<std::sync::Arc<App>> {
+        let path = forge_core::hub::resolve_model(&self.model, true)?;
+        let loaded = forge_model::load::load(&path)?;
+        let model_id = model_name.unwrap_or_else(|| {
+            if path.to_string_lossy() == self.model {
+                path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| self.model.clone())
+            } else {
+                self.model.clone()
+            }
+        });
+        let cfg = ServerConfig {
+            api_key,
+            model_id,
+            engine: EngineConfig { ctx: self.ctx, cache_bytes: self.cache_mb << 20, ..EngineConfig::default() },
+            overrides: Overrides {
+                think: self.think.then_some(true),
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                min_p: self.min_p,
+                presence_penalty: self.presence_penalty,
+                repetition_penalty: self.repetition_penalty,
+                max_tokens: self.max_tokens,
+                thinking_budget: self.thinking_budget,
+                loop_guard: Some(self.loop_guard),
+            },
+            test_hooks,
+        };
+        App::new(loaded, cfg)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Address to listen on (loopback by default; use --api-key when exposing it).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0 picks a free one; the address is printed on stderr).
+    #[arg(long, default_value_t = 8765)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on the API routes (or set FORGE_API_KEY).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Model name reported by /v1/models (default: the --model argument).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Honour the x_forced_output request field (scripted output, for tests only).
+    #[arg(long, hide = true)]
+    test_hooks: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let api_key = a.api_key.or_else(|| std::env::var("FORGE_API_KEY").ok()).filter(|k| !k.is_empty());
+    let app = a.engine.load(api_key, a.model_name, a.test_hooks)?;
+    forge_server::server::run(app, &a.host, a.port)
+}

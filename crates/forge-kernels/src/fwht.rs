@@ -1,0 +1,284 @@
+//! Fast Walsh–Hadamard transform (FWHT) over power-of-two lengths.
+//!
+//! The Hadamard matrix is Sylvester's, `H[i][j] = (-1)^popcount(i & j)`; it is symmetric and `H·H = n·I`, so the
+//! unnormalized transform is its own inverse up to `1/n` and the normalized one (`/√n`) is orthogonal and an
+//! involution. Online block-Hadamard rotations apply it to activations on every forward, which is why it must be a
+//! butterfly network (`n log n`) and never a dense matmul.
+//!
+//! Every fast path produces exactly the same bits as the portable butterflies (each output is the same sequence of
+//! f32 additions/subtractions); tests compare both against the O(n²) definition.
+
+use rayon::prelude::*;
+
+/// `H[i][j]` of the Sylvester Hadamard matrix of any power-of-two order containing `(i, j)`.
+#[inline]
+pub fn hadamard_entry(i: usize, j: usize) -> f32 {
+    if (i & j).count_ones().is_multiple_of(2) {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
+fn check_len(n: usize) {
+    assert!(n.is_power_of_two(), "FWHT length {n} is not a power of two");
+}
+
+fn check_blocks(len: usize, block: usize) {
+    assert!(block.is_power_of_two(), "FWHT block {block} is not a power of two");
+    assert!(len.is_multiple_of(block), "FWHT: length {len} is not a multiple of the block {block}");
+}
+
+/// Reference: `x ← H x` by the O(n²) definition, accumulated in f64. For tests and tiny sizes only.
+pub fn fwht_ref(x: &mut [f32]) {
+    let n = x.len();
+    check_len(n);
+    let src: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for (i, out) in x.iter_mut().enumerate() {
+        let s: f64 = src.iter().enumerate().map(|(j, &v)| hadamard_entry(i, j) as f64 * v).sum();
+        *out = s as f32;
+    }
+}
+
+/// Reference for the block-diagonal transform: [`fwht_ref`] on each consecutive `block` of `x`.
+pub fn fwht_blocks_ref(x: &mut [f32], block: usize) {
+    check_blocks(x.len(), block);
+    x.chunks_exact_mut(block).for_each(fwht_ref);
+}
+
+fn butterflies_from(x: &mut [f32], mut h: usize) {
+    let n = x.len();
+    while h < n {
+        for pair in x.chunks_exact_mut(2 * h) {
+            let (a, b) = pair.split_at_mut(h);
+            for (u, v) in a.iter_mut().zip(b.iter_mut()) {
+                let (p, q) = (*u, *v);
+                *u = p + q;
+                *v = p - q;
+            }
+        }
+        h *= 2;
+    }
+}
+
+fn fwht_portable(x: &mut [f32]) {
+    butterflies_from(x, 1);
+}
+
+/// AVX2: the first three stages (h = 1, 2, 4) run inside one 8-lane register via permutes; the rest are plain 8-wide
+/// butterflies. Lane `i` of stage `h` computes `partner + sign·self` with `sign = -1` on the upper element of each
+/// pair, which is `lo + hi` / `lo - hi` — the same operation, in the same order, as the portable code.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn fwht_avx2(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    if n < 8 {
+        fwht_portable(x);
+        return;
+    }
+    let s1 = _mm256_setr_ps(1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0);
+    let s2 = _mm256_setr_ps(1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0);
+    let s4 = _mm256_setr_ps(1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0);
+    for c in x.chunks_exact_mut(8) {
+        // SAFETY: `c` is exactly 8 contiguous f32s; unaligned load/store are used.
+        let mut v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        // Multiplying by ±1 is exact, so the fused multiply-add is exactly the add/subtract of the portable path.
+        v = _mm256_fmadd_ps(v, s1, _mm256_permute_ps::<0b1011_0001>(v));
+        v = _mm256_fmadd_ps(v, s2, _mm256_permute_ps::<0b0100_1110>(v));
+        v = _mm256_fmadd_ps(v, s4, _mm256_permute2f128_ps::<0x01>(v, v));
+        // SAFETY: as for the load above.
+        unsafe { _mm256_storeu_ps(c.as_mut_ptr(), v) };
+    }
+    let mut h = 8;
+    while h < n {
+        for pair in x.chunks_exact_mut(2 * h) {
+            let (a, b) = pair.split_at_mut(h);
+            for (ca, cb) in a.chunks_exact_mut(8).zip(b.chunks_exact_mut(8)) {
+                // SAFETY: `ca` and `cb` are disjoint chunks of exactly 8 f32s (h is a multiple of 8).
+                unsafe {
+                    let u = _mm256_loadu_ps(ca.as_ptr());
+                    let w = _mm256_loadu_ps(cb.as_ptr());
+                    _mm256_storeu_ps(ca.as_mut_ptr(), _mm256_add_ps(u, w));
+                    _mm256_storeu_ps(cb.as_mut_ptr(), _mm256_sub_ps(u, w));
+                }
+            }
+        }
+        h *= 2;
+    }
+}
+
+/// In-place unnormalized FWHT: `x ← H x`. Panics unless `x.len()` is a power of two.
+#[inline]
+pub fn fwht(x: &mut [f32]) {
+    check_len(x.len());
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
+        unsafe { fwht_avx2(x) };
+        return;
+    }
+    fwht_portable(x);
+}
+
+/// In-place orthonormal FWHT: `x ← H x / √n`.
+pub fn fwht_normalized(x: &mut [f32]) {
+    fwht(x);
+    scale(x, 1.0 / (x.len() as f32).sqrt());
+}
+
+/// Block-diagonal FWHT: [`fwht`] on each consecutive `block` of `x` (`x.len() = n_blocks · block`).
+pub fn fwht_blocks(x: &mut [f32], block: usize) {
+    check_blocks(x.len(), block);
+    x.chunks_exact_mut(block).for_each(fwht);
+}
+
+/// Block-diagonal orthonormal FWHT: each block ← `H x / √block`.
+pub fn fwht_blocks_normalized(x: &mut [f32], block: usize) {
+    fwht_blocks(x, block);
+    scale(x, 1.0 / (block as f32).sqrt());
+}
+
+/// Rows below this many elements are not worth a rayon split.
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// Batched block-diagonal FWHT over `x`, `T` rows of `dim` values each (`dim` a multiple of `block`); rows run in
+/// parallel when the batch is large. With `normalize`, each block is scaled by `1/√block`.
+pub fn fwht_rows(x: &mut [f32], dim: usize, block: usize, normalize: bool) {
+    assert!(dim > 0 && x.len().is_multiple_of(dim), "FWHT rows: length {} is not a multiple of dim {dim}", x.len());
+    check_blocks(dim, block);
+    let one = |row: &mut [f32]| {
+        if normalize {
+            fwht_blocks_normalized(row, block)
+        } else {
+            fwht_blocks(row, block)
+        }
+    };
+    if x.len() >= PAR_MIN_ELEMS && x.len() > dim {
+        let rows_per_task = (PAR_MIN_ELEMS / dim).max(1);
+        x.par_chunks_mut(rows_per_task * dim).for_each(|chunk| chunk.chunks_exact_mut(dim).for_each(one));
+    } else {
+        x.chunks_exact_mut(dim).for_each(one);
+    }
+}
+
+fn scale(x: &mut [f32], s: f32) {
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn fwht_hadamard_matrix_is_sylvester() {
+        // H_2n = [[H, H], [H, -H]] and H·Hᵀ = n·I.
+        let n = 16;
+        for i in 0..n {
+            for j in 0..n {
+                let (a, b) = (i % 8, j % 8);
+                let expect = if i >= 8 && j >= 8 { -hadamard_entry(a, b) } else { hadamard_entry(a, b) };
+                assert_eq!(hadamard_entry(i, j), expect);
+                let dot: f32 = (0..n).map(|k| hadamard_entry(i, k) * hadamard_entry(j, k)).sum();
+                assert_eq!(dot, if i == j { n as f32 } else { 0.0 });
+            }
+        }
+    }
+
+    #[test]
+    fn fwht_fast_matches_reference() {
+        for n in [1, 2, 4, 8, 16, 32, 64, 128, 512, 1024] {
+            let x0 = data(n, n as u32);
+            let (mut r, mut f, mut p) = (x0.clone(), x0.clone(), x0.clone());
+            fwht_ref(&mut r);
+            fwht(&mut f);
+            fwht_portable(&mut p);
+            let tol = 1e-5 * (n as f32).sqrt() * 4.0;
+            assert!(max_abs_diff(&r, &f) <= tol, "n={n}: {}", max_abs_diff(&r, &f));
+            // The dispatched path (AVX2 where present) and the portable butterflies are bit-identical.
+            assert_eq!(f, p, "n={n}");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fwht_avx2_bit_identical_to_portable() {
+        if !crate::simd::has_avx2_fma() {
+            return;
+        }
+        for n in [1, 2, 4, 8, 16, 64, 1024, 4096] {
+            let x0 = data(n, 7 + n as u32);
+            let (mut a, mut p) = (x0.clone(), x0);
+            // SAFETY: AVX2 and FMA are present (checked above).
+            unsafe { fwht_avx2(&mut a) };
+            fwht_portable(&mut p);
+            assert_eq!(a, p, "n={n}");
+        }
+    }
+
+    #[test]
+    fn fwht_normalized_is_an_involution_and_isometry() {
+        let x0 = data(1024, 3);
+        let mut x = x0.clone();
+        fwht_normalized(&mut x);
+        let n0: f64 = x0.iter().map(|&v| (v as f64).powi(2)).sum();
+        let n1: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
+        assert!((n0 - n1).abs() <= 1e-5 * n0);
+        fwht_normalized(&mut x);
+        assert!(max_abs_diff(&x, &x0) <= 1e-5);
+    }
+
+    #[test]
+    fn fwht_blocks_and_rows_match_reference() {
+        for (dim, block) in [(576, 64), (1536, 512), (3072, 1024), (24, 8), (5, 1)] {
+            let rows = 3;
+            let x0 = data(rows * dim, dim as u32);
+            let mut r = x0.clone();
+            fwht_blocks_ref(&mut r, block);
+            let mut b = x0.clone();
+            fwht_blocks(&mut b, block);
+            assert!(max_abs_diff(&r, &b) <= 1e-4, "dim={dim} block={block}");
+            let mut t = x0.clone();
+            fwht_rows(&mut t, dim, block, false);
+            assert_eq!(t, b);
+            let mut nr = x0.clone();
+            fwht_rows(&mut nr, dim, block, true);
+            let s = 1.0 / (block as f32).sqrt();
+            assert!(nr.iter().zip(&b).all(|(u, v)| (u - v * s).abs() <= 1e-6 * (1.0 + v.abs())));
+        }
+    }
+
+    #[test]
+    fn fwht_rows_parallel_split_matches_serial() {
+        // Large enough to take the rayon path, with a row count that does not divide the task size.
+        let (dim, block, rows) = (1536, 512, 37);
+        let x0 = data(rows * dim, 11);
+        let mut par = x0.clone();
+        fwht_rows(&mut par, dim, block, true);
+        let mut ser = x0;
+        ser.chunks_exact_mut(dim).for_each(|r| fwht_blocks_normalized(r, block));
+        assert_eq!(par, ser);
+    }
+
+    #[test]
+    #[should_panic(expected = "not a power of two")]
+    fn fwht_rejects_non_power_of_two() {
+        fwht(&mut [0.0; 12]);
+    }
+}

@@ -1,0 +1,300 @@
+//! Online block-Hadamard rotations (seeds `000_…` §6).
+//!
+//! Row-vector convention, as in the seeds: an activation row `x` (length `dim`) becomes `x' = x M`, and a weight `W`
+//! of shape `(Cout, dim)` whose *input* is rotated becomes `W' = W M`, so `x' W'ᵀ = x M Mᵀ Wᵀ = x Wᵀ`.
+//! `M` is block-diagonal; block `k` is `M_k = D_k H / √b`, with `H` the `b × b` Sylvester Hadamard matrix and
+//! `D = diag(signs)` over the whole dimension (the seeds' "`M = D H / 32`" for `b = 1024`). Because `D` stands on the
+//! left, `x M` multiplies `x` by the signs *first*, then transforms each block: `x' = FWHT(x ⊙ s) / √b`. The
+//! inverse `x Mᵀ = x H D / √b` transforms first and multiplies by the signs after.
+//!
+//! The signs are `numpy.random.default_rng(seed).choice([-1.0, 1.0], dim)` — one draw over the whole dimension, so
+//! that exports written by the upstream tools (which record only seed and block width) rotate identically here.
+//! Seeds: `1000 + layer` for the MLP gate/up input, `2000 + layer` for the down input (and `3000 + layer` /
+//! `4000 + layer` for token-mixer inputs / outputs).
+//!
+//! `M` is never materialised on the hot path: rows are rotated with the fast Walsh–Hadamard transform.
+
+use anyhow::{bail, Result};
+use crate::fwht::{fwht_blocks, hadamard_entry};
+use rayon::prelude::*;
+
+use crate::numpy_rng::rotation_signs;
+
+/// Widest Hadamard block (the seeds' 1024, whose normalisation is the exact 1/32).
+pub const MAX_BLOCK: usize = 1024;
+
+/// Below this many elements a rotation is not worth a rayon split (one decode row, a few verify rows).
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// A seeded block-Hadamard rotation of vectors of length `dim`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rotation {
+    pub dim: usize,
+    pub block: usize,
+    pub seed: u64,
+    signs: Vec<f32>,
+    /// `signs / √block`, folded so that one pass applies both the diagonal and the normalisation.
+    scaled_signs: Vec<f32>,
+}
+
+impl Rotation {
+    /// The rotation the seeds use for `dim`: block from [`Rotation::block_for`], signs from numpy's generator.
+    pub fn new(dim: usize, seed: u64) -> Self {
+        Self::build(dim, Self::block_for(dim), seed)
+    }
+
+    /// A rotation with an explicit block width (as recorded in an export's `block` metadata).
+    pub fn with_block(dim: usize, block: usize, seed: u64) -> Result<Self> {
+        if block == 0 || !block.is_power_of_two() {
+            bail!("rotation block {block} is not a power of two");
+        }
+        if !dim.is_multiple_of(block) {
+            bail!("rotation block {block} does not divide the dimension {dim}");
+        }
+        Ok(Self::build(dim, block, seed))
+    }
+
+    /// 1024 where it divides `dim`, else the largest power of two dividing `dim` (SmolLM2: 576 → 64, 1536 → 512).
+    pub fn block_for(dim: usize) -> usize {
+        if dim == 0 {
+            return 1;
+        }
+        (1usize << dim.trailing_zeros()).min(MAX_BLOCK)
+    }
+
+    fn build(dim: usize, block: usize, seed: u64) -> Self {
+        let signs = rotation_signs(seed, dim);
+        let norm = 1.0 / (block as f32).sqrt();
+        let scaled_signs = signs.iter().map(|s| s * norm).collect();
+        Self { dim, block, seed, signs, scaled_signs }
+    }
+
+    /// The ±1 diagonal `D` (numpy's `choice([-1.0, 1.0], dim)`).
+    pub fn signs(&self) -> &[f32] {
+        &self.signs
+    }
+
+    fn check_rows(&self, len: usize, what: &str) {
+        assert!(
+            self.dim > 0 && len.is_multiple_of(self.dim),
+            "rotation: {what} of length {len} is not a whole number of rows of {}",
+            self.dim
+        );
+    }
+
+    fn for_each_row(&self, x: &mut [f32], f: impl Fn(&mut [f32]) + Sync) {
+        if x.len() >= PAR_MIN_ELEMS && x.len() > self.dim {
+            let rows_per_task = (PAR_MIN_ELEMS / self.dim).max(1);
+            x.par_chunks_mut(rows_per_task * self.dim).for_each(|c| c.chunks_exact_mut(self.dim).for_each(&f));
+        } else {
+            x.chunks_exact_mut(self.dim).for_each(f);
+        }
+    }
+
+    fn forward_row(&self, row: &mut [f32]) {
+        row.iter_mut().zip(&self.scaled_signs).for_each(|(v, s)| *v *= s);
+        fwht_blocks(row, self.block);
+    }
+
+    fn inverse_row(&self, row: &mut [f32]) {
+        fwht_blocks(row, self.block);
+        row.iter_mut().zip(&self.scaled_signs).for_each(|(v, s)| *v *= s);
+    }
+
+    /// `x ← x M` for `x` holding T rows of `dim` (the online activation rotation).
+    pub fn apply_rows(&self, x: &mut [f32]) {
+        self.check_rows(x.len(), "activation");
+        self.for_each_row(x, |r| self.forward_row(r));
+    }
+
+    /// `x ← x Mᵀ` (undoes [`Rotation::apply_rows`]).
+    pub fn apply_inverse_rows(&self, x: &mut [f32]) {
+        self.check_rows(x.len(), "activation");
+        self.for_each_row(x, |r| self.inverse_row(r));
+    }
+
+    /// `W ← W M` for a row-major `cout × dim` weight whose input this rotation rotates.
+    pub fn rotate_weight(&self, w: &mut [f32], cout: usize) {
+        assert_eq!(w.len(), cout * self.dim, "rotation: weight is not {cout} × {}", self.dim);
+        self.apply_rows(w);
+    }
+
+    /// `W ← W Mᵀ` (folds a weight stored in the rotated basis back, as the seeds' reference `Q Mᵀ`).
+    pub fn unrotate_weight(&self, w: &mut [f32], cout: usize) {
+        assert_eq!(w.len(), cout * self.dim, "rotation: weight is not {cout} × {}", self.dim);
+        self.apply_inverse_rows(w);
+    }
+
+    /// The dense `dim × dim` matrix `M` (row-major), for tests and inspection only — the runtime never builds it.
+    pub fn to_dense(&self) -> Vec<f32> {
+        let (n, b) = (self.dim, self.block);
+        let mut m = vec![0f32; n * n];
+        for i in 0..n {
+            let blk = i / b * b;
+            for j in blk..blk + b {
+                m[i * n + j] = self.scaled_signs[i] * hadamard_entry(i - blk, j - blk);
+            }
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// `a (r × k) · b (k × c)` in f64.
+    fn matmul(a: &[f32], b: &[f32], r: usize, k: usize, c: usize) -> Vec<f64> {
+        let mut out = vec![0f64; r * c];
+        for i in 0..r {
+            for l in 0..k {
+                let av = a[i * k + l] as f64;
+                for j in 0..c {
+                    out[i * c + j] += av * b[l * c + j] as f64;
+                }
+            }
+        }
+        out
+    }
+
+    fn transpose(a: &[f32], r: usize, c: usize) -> Vec<f32> {
+        let mut t = vec![0f32; r * c];
+        for i in 0..r {
+            for j in 0..c {
+                t[j * r + i] = a[i * c + j];
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn rotation_block_rule() {
+        for (dim, b) in [(576, 64), (1536, 512), (1024, 1024), (2048, 1024), (5120, 1024), (17408, 1024), (96, 32)] {
+            assert_eq!(Rotation::block_for(dim), b, "dim {dim}");
+            assert_eq!(Rotation::new(dim, 1).block, b);
+        }
+        assert_eq!(Rotation::block_for(7), 1);
+        assert!(Rotation::with_block(576, 128, 0).is_err());
+        assert!(Rotation::with_block(576, 48, 0).is_err());
+        assert!(Rotation::with_block(576, 0, 0).is_err());
+        assert_eq!(Rotation::with_block(576, 32, 0).unwrap().block, 32);
+    }
+
+    #[test]
+    fn rotation_signs_are_numpys() {
+        let r = Rotation::new(1536, 2003);
+        assert_eq!(r.signs(), rotation_signs(2003, 1536).as_slice());
+        assert!(r.signs().iter().all(|&s| s == 1.0 || s == -1.0));
+    }
+
+    #[test]
+    fn rotation_is_orthogonal_on_basis_vectors() {
+        // Row i of the result of rotating e_i…e_n is row i of M; M Mᵀ = I checked by dot products.
+        for (dim, seed) in [(576, 1000), (1536, 2000), (96, 7)] {
+            let r = Rotation::new(dim, seed);
+            let mut m = vec![0f32; dim * dim];
+            for i in 0..dim {
+                m[i * dim + i] = 1.0;
+            }
+            r.apply_rows(&mut m);
+            let mut worst = 0f64;
+            // Every 5th row against all rows keeps the check O(dim³/5) while still crossing every block.
+            for i in (0..dim).step_by(5) {
+                for j in 0..dim {
+                    let dot: f64 = (0..dim).map(|k| m[i * dim + k] as f64 * m[j * dim + k] as f64).sum();
+                    worst = worst.max((dot - if i == j { 1.0 } else { 0.0 }).abs());
+                }
+            }
+            assert!(worst < 1e-6, "dim {dim}: |M Mᵀ - I| = {worst}");
+            // And the inverse undoes it: applying Mᵀ to the rows of M gives I.
+            r.apply_inverse_rows(&mut m);
+            for i in 0..dim {
+                for j in 0..dim {
+                    let want = if i == j { 1.0 } else { 0.0 };
+                    assert!((m[i * dim + j] - want).abs() < 1e-6);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rotation_fast_path_equals_dense_matrix() {
+        for (dim, seed) in [(576, 1003), (1536, 2003), (2048, 4063)] {
+            let r = Rotation::new(dim, seed);
+            let dense = r.to_dense();
+            let t = 3;
+            let x0 = data(t * dim, seed as u32);
+            let want = matmul(&x0, &dense, t, dim, dim);
+            let mut x = x0.clone();
+            r.apply_rows(&mut x);
+            let err = x.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
+            assert!(err < 1e-5, "dim {dim}: {err}");
+            // Inverse: x Mᵀ.
+            let want_inv = matmul(&x0, &transpose(&dense, dim, dim), t, dim, dim);
+            let mut y = x0.clone();
+            r.apply_inverse_rows(&mut y);
+            let err = y.iter().zip(&want_inv).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
+            assert!(err < 1e-5, "dim {dim} inverse: {err}");
+        }
+    }
+
+    #[test]
+    fn rotation_dense_block_is_signs_times_hadamard() {
+        // M = D H / √b: row i of a block is sign_i · H[i, ·] / √b (signs scale rows, not columns).
+        let r = Rotation::with_block(16, 8, 5).unwrap();
+        let m = r.to_dense();
+        let s = r.signs();
+        for i in 0..16 {
+            for j in 0..16 {
+                let same = i / 8 == j / 8;
+                let want = if same { s[i] * hadamard_entry(i % 8, j % 8) / 8f32.sqrt() } else { 0.0 };
+                assert_eq!(m[i * 16 + j], want);
+            }
+        }
+    }
+
+    #[test]
+    fn rotation_preserves_the_linear_map() {
+        // (x M)(W M)ᵀ = x Wᵀ, on SmolLM2's MLP shapes: gate/up input 576, down input 1536.
+        for (dim, cout, seed) in [(576, 96, 1000u64), (1536, 40, 2000)] {
+            let r = Rotation::new(dim, seed);
+            let t = 5;
+            let x0 = data(t * dim, 1);
+            let w0 = data(cout * dim, 2);
+            let want = matmul(&x0, &transpose(&w0, cout, dim), t, dim, cout);
+            let (mut x, mut w) = (x0.clone(), w0.clone());
+            r.apply_rows(&mut x);
+            r.rotate_weight(&mut w, cout);
+            let got = matmul(&x, &transpose(&w, cout, dim), t, dim, cout);
+            let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(err < 1e-5, "dim {dim}: {err}");
+            r.unrotate_weight(&mut w, cout);
+            let back = w.iter().zip(&w0).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(back < 1e-6, "dim {dim}: unrotate error {back}");
+        }
+    }
+
+    #[test]
+    fn rotation_parallel_rows_match_one_at_a_time() {
+        let r = Rotation::new(1536, 2011);
+        let rows = 29;
+        let x0 = data(rows * 1536, 9);
+        let mut all = x0.clone();
+        r.apply_rows(&mut all);
+        let mut single = x0;
+        single.chunks_exact_mut(1536).for_each(|row| r.apply_rows(row));
+        assert_eq!(all, single);
+    }
+}

@@ -1,0 +1,564 @@
+//! The engine: one worker thread that owns the model and the prompt cache and runs generation
+//! jobs one at a time, in the order they were submitted (FIFO).
+//!
+//! The model is synchronous CPU code (rayon inside), so it lives on a dedicated thread; callers
+//! talk to it through channels: a [`Job`] goes in, [`Event`]s come back on the job's own channel.
+//! A job stops at the next token when its `cancel` flag is set or its event receiver is dropped
+//! (client gone), and its state up to that point stays in the cache, consistent with the tokens it
+//! consumed. The job queue is the place to add batching of several sequences later: the worker
+//! would take several queued jobs per step instead of one.
+
+use crate::cache::{PrefillResult, PromptCache};
+use crate::penalties::{log_softmax, loop_detected, top_n, Penalties};
+use anyhow::{Context, Result};
+use forge_core::tokenizer::{StreamDecoder, Tokenizer};
+use forge_model::sampling::{Sampler, SamplingParams};
+use forge_model::{Logits, Model};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Context length: prompt + generated tokens of one request.
+    pub ctx: usize,
+    pub cache_bytes: usize,
+    pub cache_entries: usize,
+    /// Prefill runs in chunks of this many tokens (cancellation is checked between chunks).
+    pub prefill_chunk: usize,
+    /// Jobs waiting beyond this are refused (the client gets 429 and may retry).
+    pub max_queue: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { ctx: 4096, cache_bytes: 1 << 30, cache_entries: 16, prefill_chunk: 512, max_queue: 256 }
+    }
+}
+
+/// What one generation does besides the prompt.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub penalties: Penalties,
+    /// Stop strings: generation ends before the first occurrence, which is not returned.
+    pub stop: Vec<String>,
+    /// Return log-probs with this many alternatives (0: only the chosen token's).
+    pub logprobs: Option<usize>,
+    /// The prompt ends inside `<think>` (the template opened it).
+    pub starts_in_reasoning: bool,
+    /// Thinking longer than this many tokens is closed by inserting `</think>`.
+    pub thinking_budget: Option<usize>,
+    /// End generation when the last this-many tokens are one short block repeated (0: off).
+    pub loop_guard: usize,
+    /// Test hook: emit exactly these tokens (run through the model like sampled ones), then stop.
+    pub forced_output: Option<Vec<u32>>,
+}
+
+impl Default for GenParams {
+    fn default() -> Self {
+        GenParams {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            penalties: Penalties::default(),
+            stop: Vec::new(),
+            logprobs: None,
+            starts_in_reasoning: false,
+            thinking_budget: None,
+            loop_guard: 0,
+            forced_output: None,
+        }
+    }
+}
+
+pub struct Job {
+    pub prompt: Vec<u32>,
+    /// Prompt lengths worth keeping a snapshot at (see `cache`).
+    pub snapshots: Vec<usize>,
+    pub params: GenParams,
+    pub cancel: Arc<AtomicBool>,
+    pub events: UnboundedSender<Event>,
+    enqueued: Instant,
+}
+
+impl Job {
+    pub fn new(
+        prompt: Vec<u32>,
+        snapshots: Vec<usize>,
+        params: GenParams,
+        cancel: Arc<AtomicBool>,
+        events: UnboundedSender<Event>,
+    ) -> Self {
+        Job { prompt, snapshots, params, cancel, events, enqueued: Instant::now() }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// End of turn token or a stop string.
+    Stop,
+    /// `max_tokens` or the context is full.
+    Length,
+    /// The loop guard saw degenerate repetition.
+    Repetition,
+    /// The client went away.
+    Cancelled,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::Repetition => "repetition",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
+
+/// Timing and counts of one finished job.
+#[derive(Clone, Debug)]
+pub struct RunStats {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub generated_tokens: usize,
+    pub reasoning_tokens: usize,
+    pub queue_s: f64,
+    pub prefill_s: f64,
+    /// From the start of the job to the first generated token.
+    pub ttft_s: f64,
+    /// From the end of prefill to the end of generation.
+    pub decode_s: f64,
+    pub finish: Finish,
+}
+
+impl RunStats {
+    pub fn prefill_tok_s(&self) -> f64 {
+        (self.prompt_tokens - self.cached_tokens) as f64 / self.prefill_s.max(1e-9)
+    }
+    /// Over the tokens after the first, as `forge generate` reports it.
+    pub fn decode_tok_s(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_s.max(1e-9)
+    }
+}
+
+pub enum Event {
+    /// The job left the queue.
+    Started,
+    /// One generated token and the text it releases (possibly empty: the text may still be an
+    /// incomplete character or a possible stop string).
+    Token { text: String, logprob: Option<TokenLogprob> },
+    /// Text released at the end that belongs to no single token.
+    Text(String),
+    Done(RunStats),
+    Error(String),
+}
+
+/// Engine state visible to request handlers (health, queue accounting).
+#[derive(Default)]
+pub struct EngineStatus {
+    pub queued: AtomicUsize,
+    pub busy: AtomicBool,
+    pub served: AtomicU64,
+    pub cache_entries: AtomicUsize,
+    pub cache_bytes: AtomicUsize,
+    pub last: Mutex<Option<RunStats>>,
+}
+
+pub enum SubmitError {
+    QueueFull,
+    Stopped,
+}
+
+pub struct Engine {
+    tx: mpsc::Sender<Job>,
+    pub status: Arc<EngineStatus>,
+    pub config: EngineConfig,
+}
+
+impl Engine {
+    /// Starts the worker thread, which owns `model` from now on.
+    pub fn start(model: Model, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let status = Arc::new(EngineStatus::default());
+        let cache = PromptCache::new(&model, config.cache_bytes, config.cache_entries);
+        let close_think = tokenizer.encode("\n</think>\n\n", false).context("tokenizing the thinking close")?;
+        let mut worker = Worker {
+            model,
+            tok: tokenizer,
+            cache,
+            cfg: config.clone(),
+            status: status.clone(),
+            close_think,
+            breakers: HashMap::new(),
+        };
+        std::thread::Builder::new()
+            .name("forge-engine".into())
+            .spawn(move || worker.run(rx))
+            .context("cannot start the engine thread")?;
+        Ok(Engine { tx, status, config })
+    }
+
+    /// Queues a job (FIFO).
+    pub fn submit(&self, mut job: Job) -> Result<(), SubmitError> {
+        job.enqueued = Instant::now();
+        let q = self.status.queued.fetch_add(1, Ordering::SeqCst);
+        if q >= self.config.max_queue {
+            self.status.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull);
+        }
+        self.tx.send(job).map_err(|_| {
+            self.status.queued.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::Stopped
+        })
+    }
+}
+
+struct Worker {
+    model: Model,
+    tok: Arc<Tokenizer>,
+    cache: PromptCache,
+    cfg: EngineConfig,
+    status: Arc<EngineStatus>,
+    close_think: Vec<u32>,
+    /// DRY breaker masks over the vocabulary, per breaker set.
+    breakers: HashMap<Vec<String>, Arc<Vec<bool>>>,
+}
+
+impl Worker {
+    fn run(&mut self, rx: mpsc::Receiver<Job>) {
+        for job in rx {
+            self.status.queued.fetch_sub(1, Ordering::SeqCst);
+            // A client that left while queued costs nothing.
+            if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
+                continue;
+            }
+            self.status.busy.store(true, Ordering::SeqCst);
+            // A bug in the model code must not take the server down with it; the cache may be
+            // half-updated after a panic, so it is dropped.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(&job)));
+            let r = match r {
+                Ok(r) => r,
+                Err(p) => {
+                    self.cache.clear();
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    Err(anyhow::anyhow!("engine panic: {msg}"))
+                }
+            };
+            match r {
+                Ok(stats) => {
+                    *self.status.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats.clone());
+                    let _ = job.events.send(Event::Done(stats));
+                }
+                Err(e) => {
+                    eprintln!("forge: engine error: {e:#}");
+                    let _ = job.events.send(Event::Error(format!("{e:#}")));
+                }
+            }
+            self.status.served.fetch_add(1, Ordering::SeqCst);
+            self.status.cache_entries.store(self.cache.len(), Ordering::SeqCst);
+            self.status.cache_bytes.store(self.cache.bytes(), Ordering::SeqCst);
+            self.status.busy.store(false, Ordering::SeqCst);
+        }
+    }
+
+    fn breaker_mask(&mut self, breakers: &[String]) -> Arc<Vec<bool>> {
+        if let Some(m) = self.breakers.get(breakers) {
+            return m.clone();
+        }
+        let n = self.tok.vocab_size();
+        let mask: Vec<bool> = (0..n as u32)
+            .map(|id| {
+                let t = self.tok.decode(&[id], false).unwrap_or_default();
+                breakers.iter().any(|b| !b.is_empty() && t.contains(b.as_str()))
+            })
+            .collect();
+        let m = Arc::new(mask);
+        if self.breakers.len() > 8 {
+            self.breakers.clear();
+        }
+        self.breakers.insert(breakers.to_vec(), m.clone());
+        m
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        self.tok.decode(&[id], false).unwrap_or_default()
+    }
+
+    fn run_job(&mut self, job: &Job) -> Result<RunStats> {
+        let t_start = Instant::now();
+        let p = &job.params;
+        let prompt = &job.prompt;
+        let _ = job.events.send(Event::Started);
+        let mut stats = RunStats {
+            prompt_tokens: prompt.len(),
+            cached_tokens: 0,
+            generated_tokens: 0,
+            reasoning_tokens: 0,
+            queue_s: (t_start - job.enqueued).as_secs_f64(),
+            prefill_s: 0.0,
+            ttft_s: 0.0,
+            decode_s: 0.0,
+            finish: Finish::Cancelled,
+        };
+        let pre = self.cache.prefill(&self.model, prompt, &job.snapshots, self.cfg.prefill_chunk, &job.cancel)?;
+        let PrefillResult::Done(pre) = pre else {
+            return Ok(stats);
+        };
+        let t_prefilled = Instant::now();
+        stats.prefill_s = (t_prefilled - t_start).as_secs_f64();
+        stats.cached_tokens = pre.cached;
+        let (mut session, mut logits) = (pre.session, pre.logits);
+
+        let mask = if p.penalties.dry_active() { Some(self.breaker_mask(&p.penalties.dry_breakers)) } else { None };
+        let is_breaker = |t: u32| mask.as_ref().is_some_and(|m| m.get(t as usize).copied().unwrap_or(false));
+        let mut sampler = Sampler::new(p.sampling.clone());
+        let mut context = prompt.clone();
+        let tok = self.tok.clone();
+        let mut dec = StreamDecoder::new(&tok);
+        let mut stopper = StopMatcher::new(&p.stop);
+        let mut think = ThinkTracker::new(p.starts_in_reasoning);
+        let scripted = p.forced_output.is_some();
+        let mut forced: VecDeque<u32> = p.forced_output.clone().unwrap_or_default().into();
+        let max_new = p.max_tokens.min(self.cfg.ctx.saturating_sub(prompt.len()));
+        let mut finish = Finish::Length;
+        let mut stop_hit = false;
+        for i in 0..max_new {
+            if job.cancel.load(Ordering::Relaxed) {
+                finish = Finish::Cancelled;
+                break;
+            }
+            let (id, was_forced) = match forced.pop_front() {
+                Some(t) => (t, true),
+                None if scripted => {
+                    finish = Finish::Stop;
+                    break;
+                }
+                None if p.penalties.active() => {
+                    let mut l = logits.clone();
+                    p.penalties.apply(&mut l, &context, prompt.len(), &is_breaker);
+                    (sampler.sample(&l), false)
+                }
+                None => (sampler.sample(&logits), false),
+            };
+            let logprob = p.logprobs.map(|n| {
+                let lp = log_softmax(&logits);
+                TokenLogprob {
+                    token: self.token_text(id),
+                    logprob: lp.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY),
+                    top: top_n(&lp, n).into_iter().map(|(t, l)| (self.token_text(t), l)).collect(),
+                }
+            });
+            if !was_forced && tok.stop_ids().contains(&id) {
+                finish = Finish::Stop;
+                break;
+            }
+            context.push(id);
+            stats.generated_tokens += 1;
+            let piece = dec.push(id)?;
+            if think.observe(&piece) {
+                stats.reasoning_tokens += 1;
+            }
+            let (text, hit) = stopper.push(&piece);
+            if stats.generated_tokens == 1 {
+                stats.ttft_s = t_start.elapsed().as_secs_f64();
+            }
+            if job.events.send(Event::Token { text, logprob }).is_err() {
+                finish = Finish::Cancelled;
+                break;
+            }
+            if hit {
+                finish = Finish::Stop;
+                stop_hit = true;
+                break;
+            }
+            if let Some(budget) = p.thinking_budget {
+                if think.state == ThinkState::In && think.tokens >= budget && !think.closing {
+                    think.closing = true;
+                    forced.extend(self.close_think.iter().copied());
+                }
+            }
+            if p.loop_guard > 0 && loop_detected(&context[prompt.len()..], p.loop_guard) {
+                finish = Finish::Repetition;
+                break;
+            }
+            if i + 1 == max_new {
+                break;
+            }
+            logits = self.model.forward(&mut session, &[id], Logits::Last)?;
+        }
+        stats.decode_s = t_prefilled.elapsed().as_secs_f64();
+        stats.finish = finish;
+        if finish != Finish::Cancelled && !stop_hit {
+            let rest = dec.finish()?;
+            let (mut text, hit) = stopper.push(&rest);
+            if hit {
+                stats.finish = Finish::Stop;
+            } else {
+                text.push_str(&stopper.flush());
+            }
+            if !text.is_empty() {
+                let _ = job.events.send(Event::Text(text));
+            }
+        }
+        // The state holds exactly the tokens fed so far (the last sampled one is not fed), and
+        // `logits` are the model's output after them.
+        let fed = session.pos;
+        self.cache.insert(context[..fed].to_vec(), session, logits, false);
+        Ok(stats)
+    }
+}
+
+/// Holds back generated text that could be the start of a stop string.
+struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopMatcher {
+    fn new(stops: &[String]) -> Self {
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+    }
+
+    /// Adds text; returns what can be released and whether a stop string was reached (the text
+    /// from the stop string on is dropped).
+    fn push(&mut self, text: &str) -> (String, bool) {
+        self.held.push_str(text);
+        if self.stops.is_empty() {
+            return (std::mem::take(&mut self.held), false);
+        }
+        if let Some(p) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..p].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| {
+                let max = self.held.len().min(s.len() - 1);
+                (1..=max)
+                    .rev()
+                    .find(|&k| {
+                        self.held.is_char_boundary(self.held.len() - k) && s.starts_with(&self.held[self.held.len() - k..])
+                    })
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        let out: String = self.held.drain(..self.held.len() - keep).collect();
+        (out, false)
+    }
+
+    fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ThinkState {
+    Before,
+    In,
+    Done,
+}
+
+/// Follows `<think>…</think>` in the generated text to count reasoning tokens and enforce the
+/// thinking budget.
+struct ThinkTracker {
+    state: ThinkState,
+    text: String,
+    tokens: usize,
+    /// The budget ran out and `</think>` is being inserted.
+    closing: bool,
+}
+
+impl ThinkTracker {
+    fn new(starts_in_reasoning: bool) -> Self {
+        let state = if starts_in_reasoning { ThinkState::In } else { ThinkState::Before };
+        ThinkTracker { state, text: String::new(), tokens: 0, closing: false }
+    }
+
+    /// Adds the text of one token; true when that token belongs to the reasoning.
+    fn observe(&mut self, piece: &str) -> bool {
+        let was_in = self.state == ThinkState::In;
+        if self.state == ThinkState::Before {
+            self.text.push_str(piece);
+            let t = self.text.trim_start();
+            if let Some(rest) = t.strip_prefix("<think>") {
+                self.text = rest.to_string();
+                self.state = ThinkState::In;
+            } else if !"<think>".starts_with(t) {
+                self.state = ThinkState::Done;
+                self.text.clear();
+            }
+        } else if self.state == ThinkState::In {
+            self.text.push_str(piece);
+        }
+        if self.state == ThinkState::In {
+            if self.text.contains("</think>") {
+                self.state = ThinkState::Done;
+                self.text.clear();
+            } else if self.text.len() > 64 {
+                // Only a possible partial `</think>` at the end matters.
+                let mut cut = self.text.len() - 16;
+                while !self.text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                self.text.drain(..cut);
+            }
+        }
+        if was_in || self.state == ThinkState::In {
+            self.tokens += 1;
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_matcher_holds_back_possible_stops() {
+        let mut m = StopMatcher::new(&["END".to_string(), "\n\n".to_string()]);
+        assert_eq!(m.push("abc E"), ("abc ".to_string(), false));
+        assert_eq!(m.push("N"), (String::new(), false));
+        assert_eq!(m.push("X"), ("ENX".to_string(), false));
+        assert_eq!(m.push("y\n"), ("y".to_string(), false));
+        assert_eq!(m.push("\nrest"), (String::new(), true));
+        let mut m = StopMatcher::new(&["é!".to_string()]);
+        assert_eq!(m.push("ab é"), ("ab ".to_string(), false));
+        assert_eq!(m.flush(), "é");
+        let mut m = StopMatcher::new(&[]);
+        assert_eq!(m.push("x"), ("x".to_string(), false));
+    }
+
+    #[test]
+    fn think_tracker_counts_reasoning_tokens() {
+        let mut t = ThinkTracker::new(false);
+        let r: Vec<bool> = ["<think>", "a", "b", "</think>", "answer"].iter().map(|p| t.observe(p)).collect();
+        assert_eq!(r, vec![true, true, true, true, false]);
+        let mut t = ThinkTracker::new(false);
+        assert!(!t.observe("Hello"));
+        assert!(!t.observe("<think>"));
+        let mut t = ThinkTracker::new(true);
+        let r: Vec<bool> = ["x", "</", "think>", "y"].iter().map(|p| t.observe(p)).collect();
+        assert_eq!(r, vec![true, true, true, false]);
+    }
+}
