@@ -166,12 +166,16 @@ fn describe_windows(m: &eval::WindowPlan, protocol: &str, n_tokens: usize) -> St
 fn run_reference(a: RefArgs) -> Result<()> {
     let setup = a.windows.setup()?;
     let (loaded, text) = load_and_tokenize(&a.model, &setup)?;
-    let opts = ReferenceOptions { top_k: a.top_k, full_vocab: a.full_vocab, show_progress: show_progress(), force: a.force };
+    let opts =
+        ReferenceOptions { top_k: a.top_k, full_vocab: a.full_vocab, show_progress: show_progress(), force: a.force };
     let m = reference::build(&loaded, &setup, &text, &a.out, &opts)?;
     let mut lines = vec![
         format!("reference {} written", a.out.display()),
         format!("  teacher: {} (sha256 {})", m.model.path, &m.model.sha256[..16]),
-        format!("  text: {} ({} bytes, {} tokens, BOS {})", m.text.spec, m.text.bytes, m.tokens.count, m.tokens.add_bos),
+        format!(
+            "  text: {} ({} bytes, {} tokens, BOS {})",
+            m.text.spec, m.text.bytes, m.tokens.count, m.tokens.add_bos
+        ),
         format!("  {}", describe_windows(&m.plan(), &m.protocol, m.tokens.count)),
         format!("  stored: top-{} + tail{}", m.top_k, if m.full_vocab { " + full vocabulary (f32)" } else { "" }),
         format!(
@@ -180,7 +184,10 @@ fn run_reference(a: RefArgs) -> Result<()> {
         ),
     ];
     if m.text.invalid_utf8_bytes > 0 {
-        lines.push(format!("  {} invalid UTF-8 byte(s) tokenized as U+FFFD each (as llama.cpp)", m.text.invalid_utf8_bytes));
+        lines.push(format!(
+            "  {} invalid UTF-8 byte(s) tokenized as U+FFFD each (as llama.cpp)",
+            m.text.invalid_utf8_bytes
+        ));
     }
     emit(&lines, a.json.then(|| serde_json::to_value(&m)).transpose()?)
 }
@@ -189,10 +196,12 @@ fn run_reference(a: RefArgs) -> Result<()> {
 fn load_candidate(path: &Path, filter: &PartFilter) -> Result<Loaded> {
     if !filter.is_all() {
         // HOOK(export-loader): an ablation candidate is a quantized export whose linears keep
-        // their quantized weights where `filter.includes(layer, &linear.name)` and take the
-        // teacher's dense weights (the reference manifest records the teacher's path) elsewhere.
-        // Until the export loader lands there is nothing to ablate, and pretending would report
-        // the full candidate's KL under an ablation's name.
+        // their quantized weights where `filter.includes(layer, &name)` and run the source
+        // checkpoint's dense weights elsewhere. With `forge_model::export::Export` that is
+        // `load_with(&ex.source()?, &|name, o, i| if filter.includes(layer_of(name), name)
+        // { ex.linear(name, o, i) } else { Ok(None) })` plus the export's embedding when the head
+        // is selected; the export's owner wires it and tests it. Until then there is nothing to
+        // ablate, and loading the whole export would report its KL under an ablation's name.
         bail!(
             "--parts/--layers ({filter}) select linears of a quantized export; `forge eval kl` cannot load \
              quantized exports with an ablation yet (the export loader is not wired in)"
@@ -219,12 +228,12 @@ fn run_kl(a: KlArgs) -> Result<()> {
         &KlOptions { full_vocab: a.full_vocab, show_progress: show_progress() },
     )?;
     let kl32: Vec<f32> = res.kl.iter().map(|&x| x as f32).collect();
-    forge_core::npy::write_npy(&a.kl_npy, &[kl32.len()], &kl32)?;
+    write_output(&a.kl_npy, &forge_core::npy::to_npy_bytes(&[kl32.len()], &kl32))?;
     let mut s = reference::summarize(&r, candidate, filter.to_string(), &res);
     s.per_position_npy = Some(std::path::absolute(&a.kl_npy).unwrap_or(a.kl_npy.clone()).display().to_string());
     let json = serde_json::to_value(&s)?;
     if let Some(p) = &a.json_out {
-        forge_core::fsutil::write_atomic(p, &serde_json::to_vec_pretty(&json)?)?;
+        write_output(p, &serde_json::to_vec_pretty(&json)?)?;
     }
     let m = &r.manifest;
     let mut lines = vec![
@@ -260,6 +269,17 @@ fn run_ppl(a: PplArgs) -> Result<()> {
         format!("  {:.1} s ({:.1} s in the model), {} threads", r.seconds, r.forward_seconds, r.threads),
     ];
     emit(&lines, a.json.then(|| serde_json::to_value(&r)).transpose()?)
+}
+
+/// Atomic (temp + rename) for regular files; written in place when the path is something else
+/// that exists (`/dev/null`, a pipe), which a rename would replace with a regular file.
+fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => {
+            std::fs::write(path, bytes).with_context(|| format!("{}: cannot write", path.display()))
+        }
+        _ => forge_core::fsutil::write_atomic(path, bytes),
+    }
 }
 
 /// The table on stdout, or with JSON requested the JSON on stdout and the table on stderr.

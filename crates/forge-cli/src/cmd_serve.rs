@@ -22,10 +22,13 @@ pub struct EngineArgs {
     /// Default temperature (0 = greedy), instead of the model family's.
     #[arg(long)]
     pub temperature: Option<f32>,
+    /// Default nucleus (top-p) cutoff.
     #[arg(long)]
     pub top_p: Option<f32>,
+    /// Default top-k (0 = off).
     #[arg(long)]
     pub top_k: Option<usize>,
+    /// Default min-p (0 = off).
     #[arg(long)]
     pub min_p: Option<f32>,
     /// Default presence penalty.
@@ -46,7 +49,12 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    pub fn load(&self, api_key: Option<String>, model_name: Option<String>, test_hooks: bool) -> Result<std::sync::Arc<App>> {
+    pub fn load(
+        &self,
+        api_key: Option<String>,
+        model_name: Option<String>,
+        test_hooks: bool,
+    ) -> Result<std::sync::Arc<App>> {
         let path = forge_core::hub::resolve_model(&self.model, true)?;
         let loaded = forge_model::load::load(&path)?;
         let model_id = model_name.unwrap_or_else(|| {

@@ -1,5 +1,6 @@
 //! `forge`: quantize, evaluate and run LLMs on CPUs.
 
+mod cmd_bench;
 mod cmd_chat;
 mod cmd_demo;
 mod cmd_eval;
@@ -40,6 +41,8 @@ enum Cmd {
     Serve(cmd_serve::Args),
     /// Interactive chat in the terminal (/reset, /think, /quit).
     Chat(cmd_chat::Args),
+    /// Speed: prefill/decode tok/s, weight GB/s vs measured read bandwidth, memory (--kernels: per-format kernels).
+    Bench(cmd_bench::Args),
     /// Fetch the embedded default model (SmolLM2-135M-Instruct) into the cache.
     Fetch,
 }
@@ -60,6 +63,7 @@ fn main() {
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
         Cmd::Chat(a) => cmd_chat::run(a),
+        Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Fetch => forge_core::hub::resolve_model("smollm2", true).map(|p| println!("{}", p.display())),
     };
     if let Err(e) = r {

@@ -7,6 +7,13 @@ use std::path::Path;
 /// Write `data` to `path` through a temporary file in the same directory and a rename, so a
 /// crash never leaves a partial file under the final name.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    // Devices and pipes (e.g. /dev/null, /dev/stdout) are written in place: renaming over them
+    // would replace the device with a regular file.
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.is_file() && !m.is_dir() {
+            return std::fs::write(path, data).with_context(|| format!("{}: write failed", path.display()));
+        }
+    }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod deltanet;
 pub mod fwht;
 pub mod lut;
+pub mod lutmm;
 pub mod matmul;
 pub mod norm;
 pub mod numpy_rng;

@@ -25,8 +25,16 @@ pub enum Format {
     Bf16,
 }
 
-pub const ALL_FORMATS: [Format; 8] =
-    [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8, Format::F16, Format::Bf16];
+pub const ALL_FORMATS: [Format; 8] = [
+    Format::Lut4,
+    Format::Lut3,
+    Format::Lut2,
+    Format::Vec2x16,
+    Format::Vec2x64,
+    Format::Int8,
+    Format::F16,
+    Format::Bf16,
+];
 
 impl Format {
     /// Accepts short names (`lut4`, `vec2x16`, `int8`, `bf16`) and the seeds' long ones
@@ -150,11 +158,16 @@ impl LutMatrix {
         if !self.format.is_lut() {
             bail!("{} is not a LUT format", self.format.name());
         }
-        if self.cout % d != 0 {
+        if !self.cout.is_multiple_of(d) {
             bail!("{} rows are not a multiple of the vector length {d}", self.cout);
         }
         if self.codebook.len() != self.format.entries() * d {
-            bail!("codebook has {} values, {} expects {}×{d}", self.codebook.len(), self.format.name(), self.format.entries());
+            bail!(
+                "codebook has {} values, {} expects {}×{d}",
+                self.codebook.len(),
+                self.format.name(),
+                self.format.entries()
+            );
         }
         if self.idx.len() != self.cout / d * self.cin {
             bail!("index tensor has {} entries, expected {}×{}", self.idx.len(), self.cout / d, self.cin);

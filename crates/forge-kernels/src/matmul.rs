@@ -131,6 +131,15 @@ fn gemm_path(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
 
 /// Single-threaded `y (t×n) = x (t×k) · wᵀ` with `w` row-major `n × k`.
 pub fn gemm_f32(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    gemm_f32_with(x, t, w, n, k, y, gemm::Parallelism::None)
+}
+
+/// Multi-threaded (rayon) variant of [`gemm_f32`] for large one-off products.
+pub fn gemm_f32_par(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    gemm_f32_with(x, t, w, n, k, y, gemm::Parallelism::Rayon(0))
+}
+
+fn gemm_f32_with(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, y: &mut [f32], par: gemm::Parallelism) {
     assert!(x.len() >= t * k && w.len() >= n * k && y.len() >= t * n);
     // SAFETY: the asserts above bound every access: lhs x is t×k with row stride k, rhs wᵀ is
     // k×n read as w[col*k + row] (column stride k, row stride 1), dst y is t×n with row stride n.
@@ -154,7 +163,7 @@ pub fn gemm_f32(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, y: &mut [f32
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            par,
         )
     }
 }

@@ -14,8 +14,8 @@
 //!
 //! `M` is never materialised on the hot path: rows are rotated with the fast Walsh–Hadamard transform.
 
-use anyhow::{bail, Result};
 use crate::fwht::{fwht_blocks, hadamard_entry};
+use anyhow::{bail, Result};
 use rayon::prelude::*;
 
 use crate::numpy_rng::rotation_signs;

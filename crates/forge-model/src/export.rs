@@ -52,7 +52,18 @@ impl Export {
         let text = std::fs::read_to_string(&mpath).with_context(|| format!("{}: cannot read", mpath.display()))?;
         let manifest: Value =
             serde_json::from_str(&text).with_context(|| format!("{}: malformed JSON", mpath.display()))?;
+        let mut ex = Self::open_partial(dir)?;
+        ex.manifest = manifest;
+        Ok(ex)
+    }
+
+    /// The layer files of a directory without requiring `forge.json` (resuming a run).
+    pub fn open_partial(dir: &Path) -> Result<Export> {
+        let manifest = Value::Null;
         let mut files = HashMap::new();
+        if !dir.exists() {
+            return Ok(Export { dir: dir.to_path_buf(), manifest, files });
+        }
         for e in std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))? {
             let p = e?.path();
             let name = p.file_name().unwrap().to_string_lossy().to_string();
@@ -127,7 +138,13 @@ impl Export {
             }
             let idx_t = self.tensor(&file, set, &format!("{key}.idx"))?;
             if idx_t.dtype() != DType::U8 || idx_t.shape != [out_f / d, in_f] {
-                bail!("{}: expected U8 {:?}, found {} {:?}", ctx("idx"), [out_f / d, in_f], idx_t.dtype().name(), idx_t.shape);
+                bail!(
+                    "{}: expected U8 {:?}, found {} {:?}",
+                    ctx("idx"),
+                    [out_f / d, in_f],
+                    idx_t.dtype().name(),
+                    idx_t.shape
+                );
             }
             let m = LutMatrix {
                 format,
@@ -177,7 +194,9 @@ impl Export {
         let md = &set.metadata;
         let path = self.dir.join(file);
         let num = |k: &str| -> Result<Option<u64>> {
-            md.get(k).map(|v| v.parse::<u64>().with_context(|| format!("{}: metadata '{k}' = '{v}'", path.display()))).transpose()
+            md.get(k)
+                .map(|v| v.parse::<u64>().with_context(|| format!("{}: metadata '{k}' = '{v}'", path.display())))
+                .transpose()
         };
         let (seed, block) = if let Some(seed) = num(&format!("{key}.rotation_seed"))? {
             (seed, num(&format!("{key}.rotation_block"))?.map(|b| b as usize))
@@ -186,13 +205,21 @@ impl Export {
             let seed = num(seed_key)?
                 .ok_or_else(|| anyhow!("{}: basis is online but metadata '{seed_key}' is missing", path.display()))?;
             // The file-level block describes the gate/up input; down's input may need another.
-            let block = num("block")?.map(|b| b as usize).filter(|b| dim % b == 0);
+            let block = match num("block")?.map(|b| b as usize) {
+                Some(0) => bail!("{}: basis is online but metadata 'block' is 0", path.display()),
+                Some(b) if dim.is_multiple_of(b) => Some(b),
+                Some(b) if key != "mlp.down_proj" => {
+                    bail!("{}: metadata 'block' = {b} does not divide the input size {dim} of '{key}'", path.display())
+                }
+                _ => None,
+            };
             (seed, block)
         } else {
             return Ok(None);
         };
         let rot = match block {
-            Some(b) => Rotation::with_block(dim, b, seed).with_context(|| format!("{}: rotation of '{key}'", path.display()))?,
+            Some(b) => Rotation::with_block(dim, b, seed)
+                .with_context(|| format!("{}: rotation of '{key}'", path.display()))?,
             None => Rotation::new(dim, seed),
         };
         Ok(Some(Arc::new(rot)))

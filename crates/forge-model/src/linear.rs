@@ -6,8 +6,13 @@
 use anyhow::Result;
 use forge_core::tensor::HostTensor;
 use forge_kernels::lut::{Int8Matrix, LutMatrix};
+use forge_kernels::lutmm::{dense::matmul_half, fast_path, PackedMatrix};
 use forge_kernels::matmul::{matmul_rows, matmul_xwt, RowSource};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Below this many input rows LUT/INT8 layers run the packed kernels; from here on (prefill) the
+/// rows are decoded to f32 blocks and multiplied with the blocked GEMM.
+pub const PACKED_MAX_T: usize = 16;
 
 /// Stored weight of a linear layer.
 #[derive(Clone)]
@@ -16,6 +21,37 @@ pub enum Weight {
     Dense(HostTensor),
     Lut(Arc<LutMatrix>),
     Int8(Arc<Int8Matrix>),
+}
+
+/// The kernel layout of a LUT/INT8 weight, built on first use and shared by clones of the layer.
+/// It remembers the stored weight it was built from, so a layer whose `weight` was replaced
+/// afterwards never uses a stale layout.
+#[derive(Clone, Default)]
+pub struct PackedCache(Arc<OnceLock<(Weight, Arc<PackedMatrix>)>>);
+
+impl PackedCache {
+    /// The packed form of `w` (None for dense weights).
+    pub fn get(&self, w: &Weight) -> Option<Arc<PackedMatrix>> {
+        let pack = |w: &Weight| match w {
+            Weight::Lut(m) => Some(PackedMatrix::from_lut(m)),
+            Weight::Int8(m) => Some(PackedMatrix::from_int8(m)),
+            Weight::Dense(_) => None,
+        };
+        if matches!(w, Weight::Dense(_)) {
+            return None;
+        }
+        let (src, p) = self.0.get_or_init(|| (w.clone(), Arc::new(pack(w).expect("quantized weight"))));
+        let same = match (src, w) {
+            (Weight::Lut(a), Weight::Lut(b)) => Arc::ptr_eq(a, b),
+            (Weight::Int8(a), Weight::Int8(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if same {
+            Some(p.clone())
+        } else {
+            pack(w).map(Arc::new)
+        }
+    }
 }
 
 /// Low-rank correction `A (out × r)`, `B (r × in)`, applied to the unrotated input.
@@ -54,16 +90,53 @@ pub struct Linear {
     pub lowrank: Option<LowRank>,
     /// Calibration hook: sees the (unrotated) input of every forward call.
     pub observer: Option<Arc<Mutex<dyn Observer>>>,
+    /// Kernel layout of a LUT/INT8 `weight` (lazily built; see [`Linear::prepare`]).
+    pub packed: PackedCache,
 }
 
 impl Linear {
     pub fn dense(name: impl Into<String>, w: HostTensor, bias: Option<Vec<f32>>) -> Self {
         let (out_f, in_f) = (w.shape[0], w.shape[1]);
-        Linear { name: name.into(), out_f, in_f, weight: Weight::Dense(w), bias, rotation: None, lowrank: None, observer: None }
+        Linear {
+            name: name.into(),
+            out_f,
+            in_f,
+            weight: Weight::Dense(w),
+            bias,
+            rotation: None,
+            lowrank: None,
+            observer: None,
+            packed: PackedCache::default(),
+        }
     }
 
     pub fn with_weight(name: impl Into<String>, out_f: usize, in_f: usize, weight: Weight) -> Self {
-        Linear { name: name.into(), out_f, in_f, weight, bias: None, rotation: None, lowrank: None, observer: None }
+        Linear {
+            name: name.into(),
+            out_f,
+            in_f,
+            weight,
+            bias: None,
+            rotation: None,
+            lowrank: None,
+            observer: None,
+            packed: PackedCache::default(),
+        }
+    }
+
+    /// Build the packed kernel layout now instead of on the first forward call.
+    pub fn prepare(&self) {
+        self.packed.get(&self.weight);
+    }
+
+    /// Weight bytes one forward call reads: the packed form for LUT/INT8, the stored elements
+    /// for dense weights (low-rank factors included).
+    pub fn weight_bytes(&self) -> usize {
+        let main = match &self.weight {
+            Weight::Dense(w) => w.numel() * w.dtype().size(),
+            _ => self.packed.get(&self.weight).map_or(0, |p| p.packed_bytes()),
+        };
+        main + self.lowrank.as_ref().map_or(0, |lr| 4 * (lr.a.len() + lr.b.len()))
     }
 
     /// `y = rot(x) Wᵀ + A(B x) + b` for `t` rows of `x`.
@@ -83,13 +156,28 @@ impl Linear {
             None => x,
         };
         match &self.weight {
-            Weight::Dense(w) => matmul_xwt(xin, t, w.floats()?, self.out_f, self.in_f, &mut y),
+            Weight::Dense(w) => {
+                let ws = w.floats()?;
+                if !(fast_path() && matmul_half(xin, t, ws, self.out_f, self.in_f, &mut y)) {
+                    matmul_xwt(xin, t, ws, self.out_f, self.in_f, &mut y)
+                }
+            }
+            Weight::Lut(_) | Weight::Int8(_) if t < PACKED_MAX_T && fast_path() => {
+                self.packed.get(&self.weight).expect("quantized weight").matmul(xin, t, &mut y)
+            }
             Weight::Lut(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
             Weight::Int8(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
         }
         if let Some(lr) = &self.lowrank {
             let mut bx = vec![0f32; t * lr.rank];
-            forge_kernels::matmul::matmul_xwt(x, t, forge_core::tensor::FloatSlice::F32(&lr.b), lr.rank, self.in_f, &mut bx);
+            forge_kernels::matmul::matmul_xwt(
+                x,
+                t,
+                forge_core::tensor::FloatSlice::F32(&lr.b),
+                lr.rank,
+                self.in_f,
+                &mut bx,
+            );
             let mut abx = vec![0f32; t * self.out_f];
             forge_kernels::matmul::matmul_xwt(
                 &bx,
@@ -141,7 +229,11 @@ impl Linear {
             for o in 0..self.out_f {
                 for k in 0..lr.rank {
                     let a = lr.a[o * lr.rank + k];
-                    forge_kernels::simd::axpy(a, &lr.b[k * self.in_f..(k + 1) * self.in_f], &mut w[o * self.in_f..(o + 1) * self.in_f]);
+                    forge_kernels::simd::axpy(
+                        a,
+                        &lr.b[k * self.in_f..(k + 1) * self.in_f],
+                        &mut w[o * self.in_f..(o + 1) * self.in_f],
+                    );
                 }
             }
         }
@@ -163,5 +255,70 @@ impl InputRotation for forge_kernels::rotation::Rotation {
     }
     fn describe(&self) -> String {
         format!("hadamard(block={}, seed={})", self.block, self.seed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forge_kernels::lut::Format;
+
+    fn rnd(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The packed fast path equals the decode-to-f32 reference path for every quantized format
+    /// and every row count (packed below `PACKED_MAX_T`, GEMM above).
+    #[test]
+    fn packed_forward_equals_reference_path() {
+        let (out_f, in_f) = (70, 45);
+        let mut weights = Vec::new();
+        for (i, f) in
+            [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64].into_iter().enumerate()
+        {
+            let (d, k) = (f.vec_dim(), f.entries());
+            let m = LutMatrix {
+                format: f,
+                cout: out_f,
+                cin: in_f,
+                codebook: rnd(k * d, i as u64).iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+                idx: rnd(out_f / d * in_f, 10 + i as u64)
+                    .iter()
+                    .map(|&v| ((v + 1.0) * 1000.0) as u8 % k as u8)
+                    .collect(),
+                scale: rnd(out_f, 20 + i as u64).iter().map(|&v| half::f16::from_f32(0.5 + v.abs()).to_f32()).collect(),
+            };
+            m.validate().unwrap();
+            weights.push(Weight::Lut(Arc::new(m)));
+        }
+        let q = rnd(out_f * in_f, 99).iter().map(|&v| (v * 127.0) as i8).collect();
+        weights.push(Weight::Int8(Arc::new(Int8Matrix { cout: out_f, cin: in_f, q, scale: vec![0.01; out_f] })));
+        for w in weights {
+            let l = Linear::with_weight("t", out_f, in_f, w.clone());
+            for t in [1, 2, 5, 8, 9, 15, 16, 20] {
+                let x = rnd(t * in_f, t as u64);
+                let y = l.forward(&x, t).unwrap();
+                let mut r = vec![0f32; t * out_f];
+                match &w {
+                    Weight::Lut(m) => matmul_rows(&x, t, m.as_ref(), &mut r),
+                    Weight::Int8(m) => matmul_rows(&x, t, m.as_ref(), &mut r),
+                    Weight::Dense(_) => unreachable!(),
+                }
+                for (a, b) in y.iter().zip(&r) {
+                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "t={t}: {a} vs {b}");
+                }
+            }
+            // A clone whose weight is replaced must not reuse the original's packed layout.
+            let mut c = l.clone();
+            let zero = Int8Matrix { cout: out_f, cin: in_f, q: vec![0; out_f * in_f], scale: vec![1.0; out_f] };
+            c.weight = Weight::Int8(Arc::new(zero));
+            assert!(c.forward(&rnd(in_f, 5), 1).unwrap().iter().all(|&v| v == 0.0));
+        }
     }
 }

@@ -24,6 +24,17 @@ impl Loaded {
     }
 }
 
+/// The tokenizer of a checkpoint (tokenizer.json of a directory, or the GGUF vocabulary).
+pub fn load_tokenizer(ck: &Checkpoint) -> Result<Tokenizer> {
+    match ck {
+        Checkpoint::Hf { dir, .. } => Tokenizer::from_dir(dir),
+        Checkpoint::Gguf { .. } => {
+            let v = ck.gguf_vocab().with_context(|| format!("{}: no tokenizer.ggml.tokens", ck.path().display()))?;
+            Tokenizer::from_gguf(&v)
+        }
+    }
+}
+
 /// Load a Hugging Face directory, a GGUF file or a Forge export.
 pub fn load(path: &Path) -> Result<Loaded> {
     if crate::export::is_export(path) {

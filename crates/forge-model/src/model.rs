@@ -39,6 +39,7 @@ pub struct DeltaNet {
     pub norm_w: Vec<f32>,
 }
 
+#[allow(clippy::large_enum_variant)] // one per layer: boxing buys nothing
 pub enum Mixer {
     Attention(Attention),
     DeltaNet(DeltaNet),
@@ -207,48 +208,66 @@ impl Model {
         if t == 0 {
             bail!("forward called with no tokens");
         }
+        let h = self.cfg.hidden_size;
+        let mut x = self.embed(tokens)?;
+        for li in 0..self.layers.len() {
+            self.forward_layer(li, &mut s.layers[li], &mut x, t, s.pos)?;
+        }
+        s.pos += t;
+        match want {
+            Logits::None => Ok(Vec::new()),
+            Logits::All => self.logits(&x, t),
+            Logits::Last => self.logits(&x[(t - 1) * h..], 1),
+        }
+    }
+
+    /// Embeddings of `tokens` (`T × hidden`).
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let (h, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        let mut x = vec![0f32; t * h];
+        let mut x = vec![0f32; tokens.len() * h];
         for (i, &tok) in tokens.iter().enumerate() {
             if tok as usize >= vocab {
                 bail!("token id {tok} is out of range for vocabulary size {vocab}");
             }
             self.embed_row(tok, &mut x[i * h..(i + 1) * h])?;
         }
-        let zc = self.cfg.norm_zero_centered;
-        let eps = self.cfg.rms_eps;
-        let mut hbuf = vec![0f32; t * h];
-        for (li, layer) in self.layers.iter().enumerate() {
-            for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
-                rmsnorm(xi, &layer.input_norm, eps, zc, hi);
-            }
-            let m = match (&layer.mixer, &mut s.layers[li]) {
-                (Mixer::Attention(a), LayerState::Attn(cache)) => self.attention(a, cache, &hbuf, t, s.pos)?,
-                (Mixer::DeltaNet(d), LayerState::Delta(st)) => self.deltanet(d, st, &hbuf, t)?,
-                _ => bail!("session does not match the model at layer {li}"),
-            };
-            x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
-            for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
-                rmsnorm(xi, &layer.post_norm, eps, zc, hi);
-            }
-            let mut g = layer.mlp.gate.forward(&hbuf, t)?;
-            let u = layer.mlp.up.forward(&hbuf, t)?;
-            swiglu(&mut g, &u);
-            let d = layer.mlp.down.forward(&g, t)?;
-            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
-        }
-        s.pos += t;
-        let rows: &[f32] = match want {
-            Logits::None => return Ok(Vec::new()),
-            Logits::All => &x,
-            Logits::Last => &x[(t - 1) * h..],
-        };
-        let n = rows.len() / h;
-        let mut normed = vec![0f32; rows.len()];
+        Ok(x)
+    }
+
+    /// Final norm and head over `n` hidden rows.
+    pub fn logits(&self, rows: &[f32], n: usize) -> Result<Vec<f32>> {
+        let h = self.cfg.hidden_size;
+        let mut normed = vec![0f32; n * h];
         for (xi, hi) in rows.chunks(h).zip(normed.chunks_mut(h)) {
-            rmsnorm(xi, &self.final_norm, eps, zc, hi);
+            rmsnorm(xi, &self.final_norm, self.cfg.rms_eps, self.cfg.norm_zero_centered, hi);
         }
         self.head.forward(&normed, n)
+    }
+
+    /// One decoder layer over `t` rows of `x` (in place), starting at position `pos0`.
+    pub fn forward_layer(&self, li: usize, st: &mut LayerState, x: &mut [f32], t: usize, pos0: usize) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let (zc, eps) = (self.cfg.norm_zero_centered, self.cfg.rms_eps);
+        let layer = &self.layers[li];
+        let mut hbuf = vec![0f32; t * h];
+        for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
+            rmsnorm(xi, &layer.input_norm, eps, zc, hi);
+        }
+        let m = match (&layer.mixer, st) {
+            (Mixer::Attention(a), LayerState::Attn(cache)) => self.attention(a, cache, &hbuf, t, pos0)?,
+            (Mixer::DeltaNet(d), LayerState::Delta(st)) => self.deltanet(d, st, &hbuf, t)?,
+            _ => bail!("session does not match the model at layer {li}"),
+        };
+        x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
+        for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
+            rmsnorm(xi, &layer.post_norm, eps, zc, hi);
+        }
+        let mut g = layer.mlp.gate.forward(&hbuf, t)?;
+        let u = layer.mlp.up.forward(&hbuf, t)?;
+        swiglu(&mut g, &u);
+        let d = layer.mlp.down.forward(&g, t)?;
+        x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        Ok(())
     }
 
     /// The embedding of `tok` in the model's original basis.
@@ -391,6 +410,17 @@ impl Model {
             }
         }
         d.out.forward(&core, t)
+    }
+
+    /// Mutable access to every linear layer of layer `l` (mixer first, execution order).
+    pub fn layer_linears_mut(&mut self, l: usize) -> Vec<&mut Linear> {
+        let layer = &mut self.layers[l];
+        let mut v: Vec<&mut Linear> = match &mut layer.mixer {
+            Mixer::Attention(a) => vec![&mut a.q, &mut a.k, &mut a.v, &mut a.o],
+            Mixer::DeltaNet(d) => vec![&mut d.in_qkv, &mut d.in_z, &mut d.in_b, &mut d.in_a, &mut d.out],
+        };
+        v.extend([&mut layer.mlp.gate, &mut layer.mlp.up, &mut layer.mlp.down]);
+        v
     }
 
     /// Every linear layer, in execution order (head last).

@@ -85,7 +85,10 @@ impl WindowPlan {
             bail!("--ctx {ctx}: a window needs at least 2 tokens");
         }
         if score_from > ctx - 2 {
-            bail!("--score-from {score_from}: must be at most ctx − 2 = {} (the last position has no next token)", ctx - 2);
+            bail!(
+                "--score-from {score_from}: must be at most ctx − 2 = {} (the last position has no next token)",
+                ctx - 2
+            );
         }
         if chunks == Some(0) {
             bail!("--chunks 0: nothing to evaluate");
@@ -183,7 +186,8 @@ impl EvalSetup {
                 })
             }
             None => {
-                let t = a.text.as_deref().context("give --text FILE[:MAX_BYTES][,...] or --protocol llama-perplexity")?;
+                let t =
+                    a.text.as_deref().context("give --text FILE[:MAX_BYTES][,...] or --protocol llama-perplexity")?;
                 Ok(EvalSetup {
                     protocol: None,
                     text: TextSpec::parse(t, a.data_dir.as_deref())?,
@@ -206,7 +210,7 @@ pub fn find_data_dir() -> Option<PathBuf> {
     let probe = |start: &Path| -> Option<PathBuf> {
         start.ancestors().find_map(|a| {
             let d = a.join("..").join("shared").join("data");
-            d.join("eval").is_dir().then(|| std::path::absolute(&d).unwrap_or(d))
+            d.join("eval").is_dir().then(|| std::fs::canonicalize(&d).unwrap_or(d))
         })
     };
     let cwd = std::env::current_dir().ok();
@@ -262,7 +266,7 @@ pub struct ModelId {
 pub fn model_id(path: &Path) -> Result<ModelId> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
-    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut h = Sha256::new();
     let what = if path.is_dir() {
         let mut names: Vec<String> = Vec::new();

@@ -106,7 +106,7 @@ fn serialize(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], meta: &BTreeMap<S
         offset += bytes.len();
     }
     let mut h = serde_json::to_string(&serde_json::Value::Object(header)).unwrap().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + h.len() + offset);

@@ -85,14 +85,16 @@ pub fn inspect(dir: &Path) -> Result<Report> {
         let prefix = if file == "lm_head.safetensors" {
             String::new()
         } else {
-            let l: usize = file.trim_start_matches("layer_").split(['_', '.']).next().unwrap_or("").parse().unwrap_or(0);
+            let l: usize =
+                file.trim_start_matches("layer_").split(['_', '.']).next().unwrap_or("").parse().unwrap_or(0);
             format!("layers.{l}.")
         };
         let mut keys: Vec<&String> = set.metadata.keys().filter(|k| k.ends_with(".format")).collect();
         keys.sort();
         for k in keys {
             let key = k.trim_end_matches(".format");
-            let format = Format::parse(&set.metadata[k]).with_context(|| format!("{}: metadata '{k}'", path.display()))?;
+            let format =
+                Format::parse(&set.metadata[k]).with_context(|| format!("{}: metadata '{k}'", path.display()))?;
             let shape_of = |s: &str| set.shape(&format!("{key}.{s}")).map(|v| v.to_vec());
             let (cout, cin) = if let Some(s) = shape_of("idx") {
                 (s[0] * format.vec_dim(), s[1])
@@ -104,7 +106,10 @@ pub fn inspect(dir: &Path) -> Result<Report> {
             let lowrank = shape_of("lr_a").map(|s| s[1]).unwrap_or(0);
             let packed = format.packed_bytes(cout, cin) + 2 * lowrank * (cout + cin);
             let rotation = set.metadata.get(&format!("{key}.rotation_seed")).map(|s| {
-                format!("seed {s}, block {}", set.metadata.get(&format!("{key}.rotation_block")).cloned().unwrap_or_default())
+                format!(
+                    "seed {s}, block {}",
+                    set.metadata.get(&format!("{key}.rotation_block")).cloned().unwrap_or_default()
+                )
             });
             matrices.push(MatrixInfo {
                 name: format!("{prefix}{key}"),

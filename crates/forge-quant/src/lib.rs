@@ -1,8 +1,12 @@
 //! Forge quantization: codebook fitting, quantization methods, plans, exports, evaluation.
+pub mod calib;
 pub mod eval;
 pub mod export;
 pub mod fit;
+pub mod gptq;
 pub mod inspect;
+pub mod lowrank;
 pub mod plan;
+pub mod preset;
 pub mod quantize;
 pub mod quantize_matrix;

@@ -47,6 +47,8 @@ pub struct Plan {
     pub mlp_basis: Basis,
     /// Default basis of token-mixer inputs (release 0.2 rotates them too).
     pub mixer_basis: Basis,
+    /// Basis of the head input (a Forge extension; seed 5000).
+    pub head_basis: Basis,
     /// Per-matrix / per-layer entries from the plan file.
     pub entries: BTreeMap<String, String>,
 }
@@ -114,6 +116,7 @@ impl Plan {
             head: Format::Lut4,
             mlp_basis: Basis::Plain,
             mixer_basis: Basis::Plain,
+            head_basis: Basis::Plain,
             entries: BTreeMap::new(),
         }
     }
@@ -136,6 +139,7 @@ impl Plan {
                 "head" => plan.head = Format::parse(s).with_context(|| format!("plan entry '{k}'"))?,
                 "basis" => plan.mlp_basis = Basis::parse(s).with_context(|| format!("plan entry '{k}'"))?,
                 "mixer_basis" => plan.mixer_basis = Basis::parse(s).with_context(|| format!("plan entry '{k}'"))?,
+                "head_basis" => plan.head_basis = Basis::parse(s).with_context(|| format!("plan entry '{k}'"))?,
                 _ => {
                     let (l, what) = k.split_once('.').ok_or_else(|| anyhow!("unknown plan key '{k}'"))?;
                     l.parse::<usize>().map_err(|_| anyhow!("plan key '{k}': '{l}' is not a layer index"))?;
@@ -192,7 +196,7 @@ impl Plan {
     /// The input basis of one matrix.
     pub fn basis_for(&self, name: &str) -> Result<Basis> {
         let r = role_of(name)?;
-        let Some(l) = r.layer else { return Ok(Basis::Plain) };
+        let Some(l) = r.layer else { return Ok(self.head_basis) };
         let get = |key: &str| self.entries.get(&format!("{l}.{key}")).map(|s| Basis::parse(s)).transpose();
         Ok(match r.part {
             Part::Mlp => get("basis")?.unwrap_or(self.mlp_basis),
@@ -208,6 +212,7 @@ impl Plan {
         let r = role_of(name)?;
         let l = r.layer.unwrap_or(0) as u64;
         Ok(match r.short {
+            "head" => 5000,
             "gate" | "up" => 1000 + l,
             "down" => 2000 + l,
             "o" | "out" => 4000 + l,
@@ -223,6 +228,9 @@ impl Plan {
         m.insert("head".into(), self.head.long_name().into());
         m.insert("basis".into(), self.mlp_basis.name().into());
         m.insert("mixer_basis".into(), self.mixer_basis.name().into());
+        if self.head_basis == Basis::Online {
+            m.insert("head_basis".into(), self.head_basis.name().into());
+        }
         for (k, v) in &self.entries {
             m.insert(k.clone(), v.clone().into());
         }

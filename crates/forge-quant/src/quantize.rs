@@ -4,13 +4,19 @@
 //! `--resume` continues at the first unfinished layer; `forge.json`, written last, marks the
 //! export complete. Every random choice derives from the recorded `--seed`.
 
+use crate::calib::CalibConfig;
 use crate::export::{write_embedding, write_file, MatrixEntry};
-use crate::plan::{Basis, Plan};
+use crate::gptq::{calib_loss, gptq, Hessian};
+use crate::lowrank::lowrank_factors;
+use crate::plan::{Basis, Part, Plan};
+use crate::quantize_matrix::{fit_codebook, normalize, row_scales, QuantMatrix};
 use crate::quantize_matrix::{quantize_rtn, snr_db};
 use anyhow::{bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
 use forge_core::fsutil::write_atomic;
+use forge_kernels::lut::LutMatrix;
 use forge_kernels::rotation::Rotation;
+use forge_model::linear::{LowRank, Observer, Weight};
 use forge_model::model::{Embedding, Mixer, Model};
 use forge_model::Linear;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -18,24 +24,28 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
     Rtn,
+    Gptq,
 }
 
 impl Method {
     pub fn parse(s: &str) -> Result<Method> {
         match s {
             "rtn" => Ok(Method::Rtn),
-            _ => bail!("unknown method '{s}' (known: rtn)"),
+            "gptq" => Ok(Method::Gptq),
+            _ => bail!("unknown method '{s}' (known: rtn, gptq)"),
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             Method::Rtn => "rtn",
+            Method::Gptq => "gptq",
         }
     }
 }
@@ -51,6 +61,26 @@ pub struct Options {
     pub resume: bool,
     /// Testing aid: fail (as a crash would) before quantizing this layer.
     pub stop_before_layer: Option<usize>,
+    /// Calibration (GPTQ).
+    pub calib: Option<CalibConfig>,
+    /// Weight codebook fits by `diag(H)` (the seeds' AW=1).
+    pub aw: bool,
+    pub lowrank: Option<LowRankConfig>,
+}
+
+/// Low-rank residual correction.
+#[derive(Clone, Debug)]
+pub struct LowRankConfig {
+    pub rank: usize,
+    pub parts: Vec<Part>,
+    /// Fit the factors first and quantize `W − AB` (release 0.2) instead of fitting the error after.
+    pub inside: bool,
+}
+
+impl LowRankConfig {
+    fn applies(&self, name: &str) -> bool {
+        crate::plan::role_of(name).map(|r| self.parts.contains(&r.part)).unwrap_or(false)
+    }
 }
 
 /// Linear layers of layer `l`, token mixer first (execution order).
@@ -96,24 +126,216 @@ pub fn source_fingerprint(path: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
-fn quantize_linear(lin: &Linear, plan: &Plan, seed: u64) -> Result<MatrixEntry> {
+/// Statistics of a linear layer's input over the calibration rows (unrotated basis).
+pub struct InputStats {
+    pub fit: Hessian,
+    pub hold: Hessian,
+}
+
+/// Rotate a Hessian into a rotation's basis: `H' = Mᵀ H M`.
+fn rotate_hessian(h: &[f64], n: usize, r: &Rotation) -> Vec<f64> {
+    let mut a: Vec<f32> = h.iter().map(|&v| v as f32).collect();
+    r.rotate_weight(&mut a, n); // H M
+    let mut at = vec![0f32; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            at[j * n + i] = a[i * n + j];
+        }
+    }
+    r.rotate_weight(&mut at, n); // Mᵀ H M (H symmetric)
+    at.iter().map(|&v| v as f64).collect()
+}
+
+/// Quantize one linear layer: returns the export entry and the quantized `Linear`.
+fn quantize_linear(lin: &Linear, o: &Options, stats: Option<&InputStats>) -> Result<(MatrixEntry, Linear)> {
     let name = &lin.name;
+    let plan = &o.plan;
     let format = plan.format_for(name)?;
-    let mut w = lin.effective_weight()?;
-    let rotation = if plan.basis_for(name)? == Basis::Online {
-        let r = Rotation::new(lin.in_f, Plan::rotation_seed(name)?);
-        r.rotate_weight(&mut w, lin.out_f);
-        Some((r.seed, r.block))
-    } else {
-        None
+    let (out, cin) = (lin.out_f, lin.in_f);
+    let w = lin.effective_weight()?;
+    let rot = (plan.basis_for(name)? == Basis::Online && format.is_lut()
+        || plan.basis_for(name)? == Basis::Online && format == forge_kernels::lut::Format::Int8)
+        .then(|| Rotation::new(cin, Plan::rotation_seed(name).unwrap()));
+    let seed = matrix_seed(o.seed, name);
+    let lr_cfg = o.lowrank.as_ref().filter(|c| {
+        c.applies(name) && format != forge_kernels::lut::Format::Bf16 && format != forge_kernels::lut::Format::F16
+    });
+    let rotate = |v: &mut Vec<f32>| {
+        if let Some(r) = &rot {
+            r.rotate_weight(v, out)
+        }
     };
-    let q = quantize_rtn(&w, lin.out_f, lin.in_f, format, None, matrix_seed(seed, name))
-        .with_context(|| format!("quantizing {name}"))?;
-    let snr = snr_db(&w, &q.reconstruct());
+    // The matrix the format must represent (in the stored basis).
+    let mut inside_ab: Option<(Vec<f32>, Vec<f32>)> = None;
+    let mut target = w.clone();
+    if let Some(c) = lr_cfg.filter(|c| c.inside) {
+        // Release 0.2: factors from the round-to-nearest error, then quantize W − AB.
+        let mut wr = w.clone();
+        rotate(&mut wr);
+        let rtn = quantize_rtn(&wr, out, cin, format, None, seed)?;
+        let mut back = rtn.reconstruct();
+        if let Some(r) = &rot {
+            r.unrotate_weight(&mut back, out);
+        }
+        let e: Vec<f32> = w.iter().zip(&back).map(|(a, b)| a - b).collect();
+        let (a, b) = lowrank_factors(&e, out, cin, c.rank, seed ^ 0x5EED);
+        let ab = dense_ab(&a, &b, out, c.rank, cin);
+        target.iter_mut().zip(&ab).for_each(|(t, x)| *t -= x);
+        inside_ab = Some((a, b));
+    }
+    rotate(&mut target);
+    let h_fit = match (stats, &rot) {
+        (Some(s), Some(r)) => Some(rotate_hessian(&s.fit.finish(), cin, r)),
+        (Some(s), None) => Some(s.fit.finish()),
+        _ => None,
+    };
+    let q = match (&h_fit, format.is_lut()) {
+        (Some(h), true) if o.method == Method::Gptq => {
+            let scale = row_scales(&target, out, cin);
+            let mut wn = normalize(&target, cin, &scale);
+            let diag: Vec<f32> = (0..cin).map(|i| h[i * cin + i] as f32).collect();
+            let cb = fit_codebook(&wn, out, cin, format, o.aw.then_some(&diag[..]), seed);
+            let idx = gptq(&mut wn, out, cin, h, &cb, format.vec_dim()).with_context(|| format!("GPTQ of {name}"))?;
+            QuantMatrix::Lut(LutMatrix { format, cout: out, cin, codebook: cb, idx, scale })
+        }
+        _ => {
+            let diag: Option<Vec<f32>> = h_fit.as_ref().map(|h| (0..cin).map(|i| h[i * cin + i] as f32).collect());
+            quantize_rtn(&target, out, cin, format, if o.aw { diag.as_deref() } else { None }, seed)
+                .with_context(|| format!("quantizing {name}"))?
+        }
+    };
+    // Effective weight in the original basis, for the error figures and the low-rank fit.
+    let mut eff = q.reconstruct();
+    if let Some(r) = &rot {
+        r.unrotate_weight(&mut eff, out);
+    }
+    let lowrank = match (inside_ab, lr_cfg) {
+        (Some((a, b)), Some(c)) => Some((c.rank, a, b)),
+        (None, Some(c)) => {
+            let e: Vec<f32> = w.iter().zip(&eff).map(|(a, b)| a - b).collect();
+            let (a, b) = lowrank_factors(&e, out, cin, c.rank, seed ^ 0x5EED);
+            Some((c.rank, a, b))
+        }
+        _ => None,
+    };
+    if let Some((r, a, b)) = &lowrank {
+        let ab = dense_ab(a, b, out, *r, cin);
+        eff.iter_mut().zip(&ab).for_each(|(e, x)| *e += x);
+    }
     let (_, key) = crate::export::file_and_key(name)?;
-    let mut stats = BTreeMap::new();
-    stats.insert("snr_db".to_string(), format!("{snr:.4}"));
-    Ok(MatrixEntry { key, q, rotation, lowrank: None, stats })
+    let mut st = BTreeMap::new();
+    st.insert("snr_db".to_string(), format!("{:.4}", snr_db(&w, &eff)));
+    if let Some(s) = stats.filter(|s| s.hold.rows > 0) {
+        let h = s.hold.finish();
+        let zero = vec![0f32; w.len()];
+        let signal = calib_loss(&w, &zero, out, cin, &h);
+        let noise = calib_loss(&w, &eff, out, cin, &h);
+        st.insert("heldout_snr_db".to_string(), format!("{:.4}", 10.0 * (signal / noise.max(1e-300)).log10()));
+    }
+    let weight = match &q {
+        QuantMatrix::Lut(m) => Weight::Lut(Arc::new(m.clone())),
+        QuantMatrix::Int8(m) => Weight::Int8(Arc::new(m.clone())),
+        QuantMatrix::Float { data, .. } => {
+            Weight::Dense(forge_core::tensor::HostTensor::from_f32(vec![out, cin], data.clone()))
+        }
+    };
+    let mut new = Linear::with_weight(name.clone(), out, cin, weight);
+    new.bias = lin.bias.clone();
+    new.rotation = rot.as_ref().map(|r| Arc::new(r.clone()) as Arc<dyn forge_model::linear::InputRotation>);
+    new.lowrank = lowrank.as_ref().map(|(r, a, b)| LowRank { rank: *r, a: a.clone(), b: b.clone() });
+    let entry = MatrixEntry { key, q, rotation: rot.map(|r| (r.seed, r.block)), lowrank, stats: st };
+    Ok((entry, new))
+}
+
+fn dense_ab(a: &[f32], b: &[f32], out: usize, r: usize, cin: usize) -> Vec<f32> {
+    let mut ab = vec![0f32; out * cin];
+    for o in 0..out {
+        for k in 0..r {
+            forge_kernels::simd::axpy(a[o * r + k], &b[k * cin..(k + 1) * cin], &mut ab[o * cin..(o + 1) * cin]);
+        }
+    }
+    ab
+}
+
+/// Collects a linear layer's input statistics during calibration passes.
+struct StatsObserver {
+    stats: InputStats,
+    holdout: bool,
+}
+
+impl Observer for StatsObserver {
+    fn observe(&mut self, _name: &str, x: &[f32], t: usize) {
+        if self.holdout {
+            self.stats.hold.add(x, t)
+        } else {
+            self.stats.fit.add(x, t)
+        }
+    }
+}
+
+/// Calibration state: the hidden states entering the current layer, one per row.
+struct Calib {
+    xs: Vec<Vec<f32>>,
+    t: usize,
+    n_fit: usize,
+}
+
+impl Calib {
+    /// Run layer `l` over every row (fresh state per row); with `observe`, gather the input
+    /// statistics of that linear; with `advance`, keep the outputs as the next layer's inputs.
+    fn pass(
+        &mut self,
+        model: &mut Model,
+        l: usize,
+        observe: Option<usize>,
+        advance: bool,
+    ) -> Result<Option<InputStats>> {
+        let obs = observe.map(|i| {
+            let dim = model.layer_linears_mut(l)[i].in_f;
+            let o = Arc::new(Mutex::new(StatsObserver {
+                stats: InputStats { fit: Hessian::new(dim), hold: Hessian::new(dim) },
+                holdout: false,
+            }));
+            model.layer_linears_mut(l)[i].observer = Some(o.clone() as Arc<Mutex<dyn Observer>>);
+            o
+        });
+        let fresh = forge_model::Session::new(&model.cfg);
+        for r in 0..self.xs.len() {
+            if let Some(o) = &obs {
+                o.lock().unwrap().holdout = r >= self.n_fit;
+            }
+            let mut st = fresh.layers[l].clone();
+            let mut x = self.xs[r].clone();
+            model.forward_layer(l, &mut st, &mut x, self.t, 0)?;
+            if advance {
+                self.xs[r] = x;
+            }
+        }
+        Ok(match (observe, obs) {
+            (Some(i), Some(o)) => {
+                model.layer_linears_mut(l)[i].observer = None;
+                let o = Arc::try_unwrap(o).map_err(|_| anyhow::anyhow!("observer still shared"))?;
+                Some(o.into_inner().unwrap().stats)
+            }
+            _ => None,
+        })
+    }
+}
+
+/// Groups of a layer's linears that share one input (indices into `layer_linears`), in the
+/// true-sequential order: mixer inputs, mixer output, MLP gate/up, MLP down.
+fn groups(m: &Model, l: usize) -> Vec<Vec<usize>> {
+    match &m.layers[l].mixer {
+        Mixer::Attention(_) => vec![vec![0, 1, 2], vec![3], vec![4, 5], vec![6]],
+        Mixer::DeltaNet(_) => vec![vec![0, 1, 2, 3], vec![4], vec![5, 6], vec![7]],
+    }
+}
+
+fn put_linear(model: &mut Model, l: Option<usize>, i: usize, lin: Linear) {
+    match l {
+        Some(l) => *model.layer_linears_mut(l)[i] = lin,
+        None => model.head = lin,
+    }
 }
 
 /// Run the quantization; returns the export's manifest.
@@ -125,6 +347,11 @@ pub fn quantize(o: &Options) -> Result<Value> {
     let partial = out.join(".forge-partial.json");
     let opts_json = json!({
         "source": o.source_arg, "plan": o.plan.to_json(), "method": o.method.name(), "seed": o.seed,
+        "calibration": o.calib.as_ref().map(|c| json!({"spec": c.spec, "seq": c.seq, "holdout": c.holdout})),
+        "aw": o.aw,
+        "lowrank": o.lowrank.as_ref().map(|c| json!({
+            "rank": c.rank, "parts": c.parts.iter().map(|p| p.name()).collect::<Vec<_>>(), "inside_gptq": c.inside,
+        })),
     });
     if out.exists() && std::fs::read_dir(out)?.next().is_some() {
         if !o.resume {
@@ -143,37 +370,128 @@ pub fn quantize(o: &Options) -> Result<Value> {
     }
     let (ck, cfg) = Checkpoint::open(&o.source)?;
     o.plan.check_layers(cfg.num_layers)?;
-    let model = Model::load(&ck, cfg)?;
-    let n_mats: usize = (0..model.layers.len()).map(|l| layer_linears(&model, l).len()).sum::<usize>() + 1;
+    let tied = cfg.tie_embeddings;
+    let mut model = Model::load(&ck, cfg)?;
+    let n_layers = model.layers.len();
+    let n_mats: usize = (0..n_layers).map(|l| layer_linears(&model, l).len()).sum::<usize>() + 1;
     let pb = ProgressBar::new(n_mats as u64);
     pb.set_style(
-        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} matrices, {elapsed} elapsed, ETA {eta} {msg}")
-            .unwrap()
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix:>10} [{bar:30}] {pos}/{len} matrices, {elapsed} elapsed, ETA {eta} {msg}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
     );
-    pb.set_prefix("quantize");
-    for l in 0..model.layers.len() {
+    pb.set_prefix(o.method.name());
+    let reader = forge_model::export::Export::open_partial(out)?;
+    // Calibration rows → embeddings (GPTQ only).
+    let mut cal = match (o.method, &o.calib) {
+        (Method::Gptq, Some(c)) => {
+            let tok = forge_model::load::load_tokenizer(&ck).ok();
+            let rows = crate::calib::load_rows(tok.as_ref(), &c.spec, c.seq)?;
+            if c.holdout >= rows.len() {
+                bail!("holding out {} of {} calibration rows leaves none to fit", c.holdout, rows.len());
+            }
+            let xs = rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>()?;
+            Some((Calib { xs, t: c.seq, n_fit: rows.len() - c.holdout }, rows))
+        }
+        (Method::Gptq, None) => bail!("GPTQ needs calibration data"),
+        _ => None,
+    };
+    let head_file = out.join("lm_head.safetensors");
+    let quantize_head = |model: &mut Model, stats: Option<&InputStats>| -> Result<()> {
+        if o.resume && head_file.exists() {
+            let h = &model.head;
+            let lin = reader.linear("lm_head", h.out_f, h.in_f)?.context("lm_head.safetensors without lm_head")?;
+            model.head = lin;
+        } else {
+            pb.set_message("lm_head");
+            let (e, lin) = quantize_linear(&model.head, o, stats)?;
+            let meta = [("format".to_string(), e.q.format().long_name().to_string())].into();
+            write_file(&head_file, "head", &[e], &meta)?;
+            model.head = lin;
+        }
+        pb.inc(1);
+        Ok(())
+    };
+    // A tied head is also the input embedding: quantize it first (on the dense model's final
+    // states) so that every layer is calibrated on the embeddings it will really receive.
+    if tied {
+        let stats = match &mut cal {
+            Some((c, rows)) => {
+                let mut st =
+                    InputStats { fit: Hessian::new(model.cfg.hidden_size), hold: Hessian::new(model.cfg.hidden_size) };
+                for (r, row) in rows.iter().enumerate() {
+                    let mut s = model.new_session();
+                    let mut x = c.xs[r].clone();
+                    for l in 0..n_layers {
+                        model.forward_layer(l, &mut s.layers[l], &mut x, c.t, 0)?;
+                    }
+                    let normed = final_norm_rows(&model, &x, row.len());
+                    if r >= c.n_fit {
+                        st.hold.add(&normed, c.t)
+                    } else {
+                        st.fit.add(&normed, c.t)
+                    }
+                }
+                Some(st)
+            }
+            None => None,
+        };
+        quantize_head(&mut model, stats.as_ref())?;
+        model.embed = Embedding::TiedHead;
+        if let Some((c, rows)) = &mut cal {
+            c.xs = rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>()?;
+        }
+    }
+    for l in 0..n_layers {
         if o.stop_before_layer == Some(l) {
             bail!("stopped before layer {l} (stop_before_layer)");
         }
         let mlp_file = out.join(format!("layer_{l:02}.safetensors"));
         let mixer_file = out.join(format!("layer_{l:02}_mixer.safetensors"));
-        let lins = layer_linears(&model, l);
+        let names: Vec<(String, usize, usize)> =
+            layer_linears(&model, l).iter().map(|x| (x.name.clone(), x.out_f, x.in_f)).collect();
         if o.resume && mlp_file.exists() && mixer_file.exists() {
-            pb.inc(lins.len() as u64);
+            // Finished before the interruption: load it, so later layers calibrate on it.
+            for (i, (name, of, inf)) in names.iter().enumerate() {
+                let lin = reader.linear(name, *of, *inf)?.with_context(|| format!("resume: {name} missing"))?;
+                let bias = model.layer_linears_mut(l)[i].bias.clone();
+                let mut lin = lin;
+                lin.bias = bias;
+                put_linear(&mut model, Some(l), i, lin);
+            }
+            if let Some((c, _)) = &mut cal {
+                c.pass(&mut model, l, None, true)?;
+            }
+            pb.inc(names.len() as u64);
             continue;
         }
-        let mut mixer = Vec::new();
-        let mut mlp = Vec::new();
-        for lin in lins {
-            pb.set_message(lin.name.clone());
-            let e = quantize_linear(lin, &o.plan, o.seed)?;
-            if e.key.starts_with("mlp.") {
-                mlp.push(e);
-            } else {
-                mixer.push(e);
+        let mut entries: Vec<Option<MatrixEntry>> = (0..names.len()).map(|_| None).collect();
+        for g in groups(&model, l) {
+            let stats = match &mut cal {
+                Some((c, _)) => c.pass(&mut model, l, Some(g[0]), false)?,
+                None => None,
+            };
+            for &i in &g {
+                pb.set_message(names[i].0.clone());
+                let lin = model.layer_linears_mut(l)[i].clone();
+                let (e, q) = quantize_linear(&lin, o, stats.as_ref())?;
+                put_linear(&mut model, Some(l), i, q);
+                entries[i] = Some(e);
+                pb.inc(1);
             }
-            pb.inc(1);
+        }
+        if let Some((c, _)) = &mut cal {
+            c.pass(&mut model, l, None, true)?;
+        }
+        let (mut mixer, mut mlp) = (Vec::new(), Vec::new());
+        for e in entries.into_iter().flatten() {
+            if e.key.starts_with("mlp.") {
+                mlp.push(e)
+            } else {
+                mixer.push(e)
+            }
         }
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), mixer[0].q.format().long_name().to_string());
@@ -189,40 +507,56 @@ pub fn quantize(o: &Options) -> Result<Value> {
         meta.insert("block".to_string(), mlp[0].rotation.map_or(0, |r| r.1).to_string());
         write_file(&mlp_file, "mlp", &mlp, &meta)?;
     }
-    let head_file = out.join("lm_head.safetensors");
-    if !(o.resume && head_file.exists()) {
-        pb.set_message("lm_head");
-        let e = quantize_linear(&model.head, &o.plan, o.seed)?;
-        let meta = [("format".to_string(), e.q.format().long_name().to_string())].into();
-        write_file(&head_file, "head", &[e], &meta)?;
-    }
-    pb.inc(1);
-    pb.finish_and_clear();
-    let tied = model.cfg.tie_embeddings;
     if !tied {
-        if let Embedding::Table(t) = &model.embed {
+        let stats = match &cal {
+            Some((c, _)) => {
+                let h = model.cfg.hidden_size;
+                let mut st = InputStats { fit: Hessian::new(h), hold: Hessian::new(h) };
+                for (r, x) in c.xs.iter().enumerate() {
+                    let normed = final_norm_rows(&model, x, c.t);
+                    if r >= c.n_fit {
+                        st.hold.add(&normed, c.t)
+                    } else {
+                        st.fit.add(&normed, c.t)
+                    }
+                }
+                Some(st)
+            }
+            None => None,
+        };
+        quantize_head(&mut model, stats.as_ref())?;
+        let source = Model::load(&ck, model.cfg.clone())?;
+        if let Embedding::Table(t) = &source.embed {
             let (v, h) = (model.cfg.vocab_size, model.cfg.hidden_size);
             let mut table = vec![0f32; v * h];
             t.floats()?.read_into(0, &mut table);
             write_embedding(&out.join("embed.safetensors"), &table, v, h)?;
         }
     }
+    pb.finish_and_clear();
     let manifest = json!({
         "forge_version": TOOL_VERSION,
         "export_format": 1,
         "source": {
-            "path": o.source.to_string_lossy(),
+            "path": std::fs::canonicalize(&o.source).unwrap_or(o.source.clone()).to_string_lossy(),
             "name": if o.source_arg.contains('/') || o.source_arg.contains('.') { Value::Null } else { json!(o.source_arg) },
             "fingerprint": source_fingerprint(&o.source)?,
             "model_type": model.cfg.model_type,
         },
-        "method": o.method.name(),
-        "seed": o.seed,
-        "plan": o.plan.to_json(),
+        "options": opts_json,
         "tied_embeddings": tied,
         "embedding": if tied { "tied to lm_head" } else { "embed.safetensors (FP16)" },
     });
     write_atomic(&out.join(forge_model::export::MANIFEST), serde_json::to_string_pretty(&manifest)?.as_bytes())?;
     let _ = std::fs::remove_file(&partial);
     Ok(manifest)
+}
+
+fn final_norm_rows(model: &Model, x: &[f32], t: usize) -> Vec<f32> {
+    let h = model.cfg.hidden_size;
+    let mut out = vec![0f32; t * h];
+    for (xi, o) in x.chunks(h).zip(out.chunks_mut(h)) {
+        forge_kernels::norm::rmsnorm(xi, &model.final_norm, model.cfg.rms_eps, model.cfg.norm_zero_centered, o);
+    }
+    out
 }

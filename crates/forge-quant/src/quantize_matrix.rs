@@ -12,7 +12,12 @@ pub enum QuantMatrix {
     Lut(LutMatrix),
     Int8(Int8Matrix),
     /// F16/BF16: values already rounded to the format.
-    Float { format: Format, cout: usize, cin: usize, data: Vec<f32> },
+    Float {
+        format: Format,
+        cout: usize,
+        cin: usize,
+        data: Vec<f32>,
+    },
 }
 
 impl QuantMatrix {
@@ -181,7 +186,7 @@ pub fn quantize_rtn(
         },
         _ => {
             let d = format.vec_dim();
-            if cout % d != 0 {
+            if !cout.is_multiple_of(d) {
                 bail!("{} needs an even number of output rows, found {cout}", format.name());
             }
             let scale = row_scales(w, cout, cin);
@@ -228,9 +233,13 @@ mod tests {
         // scalar 2-bit 9.3, on large i.i.d. Gaussian matrices (k-means, per-tensor LUT).
         let (cout, cin) = (1024, 1024);
         let w = gaussian(cout * cin, 11);
-        for (format, want) in
-            [(Format::Lut4, 20.1), (Format::Vec2x64, 15.2), (Format::Lut3, 14.5), (Format::Vec2x16, 9.7), (Format::Lut2, 9.3)]
-        {
+        for (format, want) in [
+            (Format::Lut4, 20.1),
+            (Format::Vec2x64, 15.2),
+            (Format::Lut3, 14.5),
+            (Format::Vec2x16, 9.7),
+            (Format::Lut2, 9.3),
+        ] {
             let q = quantize_rtn(&w, cout, cin, format, None, 0).unwrap();
             let snr = snr_db(&w, &q.reconstruct());
             assert!((snr - want).abs() <= 0.3, "{}: {snr:.2} dB, seeds {want}", format.name());

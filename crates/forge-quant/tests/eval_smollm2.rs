@@ -121,6 +121,14 @@ fn reference_header_and_files() {
     let s = setup(SCORE_FROM);
     let e = reference::build(teacher(), &s, &text(&s), reference_dir(), &ReferenceOptions::default()).unwrap_err();
     assert!(e.to_string().contains("already exists"), "{e:#}");
+    // --force replaces references only.
+    let other = tmp("not-a-ref");
+    std::fs::write(other.join("keep.txt"), b"x").unwrap();
+    let force = ReferenceOptions { force: true, ..Default::default() };
+    let e = reference::build(teacher(), &s, &text(&s), &other, &force).unwrap_err();
+    assert!(e.to_string().contains("not an evaluation reference"), "{e:#}");
+    assert!(other.join("keep.txt").exists());
+    std::fs::remove_dir_all(&other).ok();
 }
 
 #[test]
@@ -188,7 +196,12 @@ fn model_against_itself_is_exactly_zero() {
         assert!(res.kl.iter().all(|&x| x == 0.0), "full {full}: max {}", res.kl.iter().cloned().fold(0.0, f64::max));
         assert_eq!(res.top1_agreement(), 1.0);
         let s = reference::summarize(&r, eval::model_id(&teacher().path).unwrap(), "all linears".into(), &res);
-        assert!((s.ppl_candidate - s.ppl_teacher).abs() < 1e-5 * s.ppl_teacher, "{} vs {}", s.ppl_candidate, s.ppl_teacher);
+        assert!(
+            (s.ppl_candidate - s.ppl_teacher).abs() < 1e-5 * s.ppl_teacher,
+            "{} vs {}",
+            s.ppl_candidate,
+            s.ppl_teacher
+        );
         assert_eq!(s.candidate.sha256, r.manifest.model.sha256);
     }
 }
@@ -216,7 +229,7 @@ fn perturbed_teacher_has_positive_kl_bounded_by_full_kl() {
     assert!(one.kl.iter().filter(|&&x| x > 0.0).count() > one.kl.len() / 2);
 
     // A whole matrix of noise: a candidate with clearly non-zero KL.
-    perturb(&mut cand.model.layers[5].self_attn_or_mixer_q(), |i, x| {
+    perturb(cand.model.layers[5].self_attn_or_mixer_q(), |i, x| {
         let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
         *x += 0.02 * ((h as f32 / (1u64 << 24) as f32) - 0.5)
     });

@@ -35,6 +35,9 @@ fn opts(src: &str, plan: Plan, out: &Path) -> Options {
         output: out.to_path_buf(),
         resume: false,
         stop_before_layer: None,
+        calib: None,
+        aw: false,
+        lowrank: None,
     }
 }
 

@@ -187,13 +187,11 @@ impl PromptCache {
             return;
         }
         self.clock += 1;
-        // A snapshot for tokens we already hold adds nothing; a final state replaces its twin.
-        if let Some(i) = self.entries.iter().position(|e| e.tokens == tokens) {
-            if snapshot {
-                self.entries[i].last_used = self.clock;
-                return;
-            }
-            self.entries.swap_remove(i);
+        // Equal tokens mean an equal state: keep the entry we have (as a snapshot if either is).
+        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens == tokens) {
+            e.last_used = self.clock;
+            e.snapshot |= snapshot;
+            return;
         }
         self.entries.push(Entry { tokens, session, logits, snapshot, last_used: self.clock });
         self.evict();

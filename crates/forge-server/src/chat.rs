@@ -34,7 +34,13 @@ fn system_history(opts: &ChatOptions) -> Vec<Json> {
 }
 
 /// Runs the conversation until `/quit` or end of input.
-pub fn run_chat(app: &App, input: impl BufRead, out: &mut dyn Write, err: &mut dyn Write, opts: &ChatOptions) -> Result<()> {
+pub fn run_chat(
+    app: &App,
+    input: impl BufRead,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    opts: &ChatOptions,
+) -> Result<()> {
     let mut history = system_history(opts);
     let mut think = opts.think.unwrap_or(app.front.defaults.think);
     if opts.interactive {

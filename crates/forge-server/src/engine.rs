@@ -158,7 +158,10 @@ pub enum Event {
     Started,
     /// One generated token and the text it releases (possibly empty: the text may still be an
     /// incomplete character or a possible stop string).
-    Token { text: String, logprob: Option<TokenLogprob> },
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
     /// Text released at the end that belongs to no single token.
     Text(String),
     Done(RunStats),
@@ -333,6 +336,7 @@ impl Worker {
         let mut dec = StreamDecoder::new(&tok);
         let mut stopper = StopMatcher::new(&p.stop);
         let mut think = ThinkTracker::new(p.starts_in_reasoning);
+        let n_vocab = tok.vocab_size();
         let scripted = p.forced_output.is_some();
         let mut forced: VecDeque<u32> = p.forced_output.clone().unwrap_or_default().into();
         let max_new = p.max_tokens.min(self.cfg.ctx.saturating_sub(prompt.len()));
@@ -349,12 +353,13 @@ impl Worker {
                     finish = Finish::Stop;
                     break;
                 }
+                // Padded vocabulary rows (beyond the tokenizer) are never sampled: they have no text.
                 None if p.penalties.active() => {
                     let mut l = logits.clone();
                     p.penalties.apply(&mut l, &context, prompt.len(), &is_breaker);
-                    (sampler.sample(&l), false)
+                    (sampler.sample(&l[..n_vocab.min(l.len())]), false)
                 }
-                None => (sampler.sample(&logits), false),
+                None => (sampler.sample(&logits[..n_vocab.min(logits.len())]), false),
             };
             let logprob = p.logprobs.map(|n| {
                 let lp = log_softmax(&logits);
@@ -390,7 +395,10 @@ impl Worker {
             if let Some(budget) = p.thinking_budget {
                 if think.state == ThinkState::In && think.tokens >= budget && !think.closing {
                     think.closing = true;
-                    forced.extend(self.close_think.iter().copied());
+                    // Ahead of anything already queued: the close happens now.
+                    for &t in self.close_think.iter().rev() {
+                        forced.push_front(t);
+                    }
                 }
             }
             if p.loop_guard > 0 && loop_detected(&context[prompt.len()..], p.loop_guard) {
@@ -455,7 +463,8 @@ impl StopMatcher {
                 (1..=max)
                     .rev()
                     .find(|&k| {
-                        self.held.is_char_boundary(self.held.len() - k) && s.starts_with(&self.held[self.held.len() - k..])
+                        self.held.is_char_boundary(self.held.len() - k)
+                            && s.starts_with(&self.held[self.held.len() - k..])
                     })
                     .unwrap_or(0)
             })

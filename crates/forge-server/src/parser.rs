@@ -112,7 +112,10 @@ impl ToolSchemas {
 /// because the next piece may complete the marker).
 fn partial_suffix(buf: &str, marker: &str) -> usize {
     let max = buf.len().min(marker.len().saturating_sub(1));
-    (1..=max).rev().find(|&k| buf.is_char_boundary(buf.len() - k) && marker.starts_with(&buf[buf.len() - k..])).unwrap_or(0)
+    (1..=max)
+        .rev()
+        .find(|&k| buf.is_char_boundary(buf.len() - k) && marker.starts_with(&buf[buf.len() - k..]))
+        .unwrap_or(0)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -776,7 +779,8 @@ mod tests {
 
     #[test]
     fn xml_values_that_do_not_fit_their_type_stay_strings() {
-        let text = "<tool_call><function=get_weather><parameter=days>three</parameter><parameter=city>\n12\n</parameter>\
+        let text =
+            "<tool_call><function=get_weather><parameter=days>three</parameter><parameter=city>\n12\n</parameter>\
             <parameter=unknown>[1,2]</parameter><parameter=other>plain text</parameter></function></tool_call>";
         let p = check_stream_equals_oneshot(text, false, true);
         assert_eq!(args(&p, 0), json!({"days": "three", "city": "12", "unknown": [1, 2], "other": "plain text"}));
@@ -834,7 +838,9 @@ mod tests {
     fn stream_deltas_name_the_call_before_its_arguments() {
         let mut p = OutputParser::new(false, Some(tools()), "c");
         let mut seen = Vec::new();
-        for piece in ["<tool_call>\n<function=get", "_weather>\n<parameter=city>\nRome\n</param", "eter>\n", "</function>"] {
+        for piece in
+            ["<tool_call>\n<function=get", "_weather>\n<parameter=city>\nRome\n</param", "eter>\n", "</function>"]
+        {
             seen.extend(p.push(piece));
         }
         seen.extend(p.finish());
@@ -848,9 +854,28 @@ mod tests {
     fn random_texts_stream_equal_oneshot() {
         // Fragments glued at random: whatever the text, streaming must agree with one-shot parsing.
         let parts = [
-            "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=get_weather>", "<function=noop>",
-            "</function>", "<parameter=city>", "<parameter=days>", "</parameter>", "\n", "  ", "Paris", "7", "{\"name\": \"noop\"}",
-            "<", ">", "é", "🙂", "<tool", "</thi", "text ",
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "<function=get_weather>",
+            "<function=noop>",
+            "</function>",
+            "<parameter=city>",
+            "<parameter=days>",
+            "</parameter>",
+            "\n",
+            "  ",
+            "Paris",
+            "7",
+            "{\"name\": \"noop\"}",
+            "<",
+            ">",
+            "é",
+            "🙂",
+            "<tool",
+            "</thi",
+            "text ",
         ];
         let mut rng = forge_model::sampling::Rng::new(99);
         let (mut with_calls, mut with_reasoning) = (0, 0);

@@ -205,7 +205,13 @@ mod tests {
 
     #[test]
     fn dry_through_apply_uses_the_window() {
-        let p = Penalties { dry_multiplier: 0.8, dry_base: 1.75, dry_allowed_length: 2, dry_last_n: 3, ..Default::default() };
+        let p = Penalties {
+            dry_multiplier: 0.8,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_last_n: 3,
+            ..Default::default()
+        };
         let mut l = vec![0.0f32; 10];
         p.apply(&mut l, &[1, 2, 3, 4, 1, 2, 3], 0, &no_breaker);
         assert!(l.iter().all(|&x| x == 0.0), "window of 3 cannot see the earlier repeat");

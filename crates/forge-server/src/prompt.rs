@@ -73,8 +73,9 @@ impl Frontend {
     }
 
     /// Renders the conversation (with its tools) and tokenizes it. For hybrid models also finds
-    /// the token positions where the system prompt and the history before the last user turn end,
-    /// the states later requests most often return to.
+    /// the positions later requests are likely to return to (see `cache`): the end of the system
+    /// prompt, and the end of the conversation before the generation prompt (the next turn
+    /// re-renders this answer, often differently, e.g. without its reasoning, but shares all before).
     pub fn chat_prompt(&self, req: &ChatRequest) -> Result<Prepared, ApiError> {
         let kw = self.kwargs(req);
         let tools = req.tools.as_deref();
@@ -85,13 +86,17 @@ impl Frontend {
         if self.hybrid {
             let msgs = req.messages.as_array().map(Vec::as_slice).unwrap_or(&[]);
             let n_sys = msgs.iter().take_while(|m| m["role"] == "system").count();
-            let last_user = msgs.iter().rposition(|m| m["role"] == "user").unwrap_or(0);
-            for k in [n_sys, last_user] {
-                if k == 0 || k >= msgs.len() {
-                    continue;
-                }
-                // Partial conversations may not render (some templates insist on a user turn).
-                if let Ok(t) = self.render(&Json::Array(msgs[..k].to_vec()), tools, &kw, false) {
+            let mut probes = Vec::new();
+            if n_sys > 0 && n_sys < msgs.len() {
+                // Some templates refuse a conversation without a user turn, so the system prompt
+                // is rendered with a stand-in user message; the common prefix ends before it.
+                let mut m = msgs[..n_sys].to_vec();
+                m.push(serde_json::json!({"role": "user", "content": "\u{1}forge-probe"}));
+                probes.push(Json::Array(m));
+            }
+            probes.push(req.messages.clone());
+            for m in probes {
+                if let Ok(t) = self.render(&m, tools, &kw, false) {
                     if let Ok(ids) = self.tok.encode(&t, false) {
                         let b = common_prefix(&ids, &tokens);
                         if b > 0 {
@@ -101,6 +106,8 @@ impl Frontend {
                 }
             }
             snapshots.push(tokens.len());
+            snapshots.sort_unstable();
+            snapshots.dedup();
         }
         let starts_in_reasoning = text.trim_end().ends_with("<think>");
         Ok(Prepared { tokens, text, snapshots, starts_in_reasoning, thinking: self.thinking(req) })
@@ -179,7 +186,7 @@ impl Frontend {
             logprobs,
             starts_in_reasoning: prompt.starts_in_reasoning,
             thinking_budget: c.thinking_budget.or(d.thinking_budget),
-            loop_guard: d.loop_guard,
+            loop_guard: c.loop_guard.unwrap_or(d.loop_guard),
             forced_output,
         })
     }

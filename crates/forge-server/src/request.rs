@@ -109,6 +109,8 @@ pub struct Common {
     pub stop: Vec<String>,
     pub max_tokens: Option<usize>,
     pub thinking_budget: Option<usize>,
+    /// Loop-guard span for this request (0 = off); the server default otherwise.
+    pub loop_guard: Option<usize>,
     /// Test hook (only honoured when the server enables test hooks).
     pub forced_output: Option<String>,
 }
@@ -285,6 +287,7 @@ pub fn parse_common(o: &Obj, max_allowed_tokens: usize) -> Result<Common, ApiErr
         stop: parse_stop(o)?,
         max_tokens,
         thinking_budget: opt_int(o, "thinking_budget", 0, 1 << 30)?.map(|n| n as usize),
+        loop_guard: opt_int(o, "loop_guard", 0, 1 << 20)?.map(|n| n as usize),
         forced_output,
     })
 }
@@ -555,12 +558,27 @@ mod tests {
             (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e9}), "max_tokens"),
             (json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
             (json!({"messages": [{"role": "user", "content": "x"}], "stop": [1]}), "stop"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), "tools[0].function"),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
+                "tools[0].function",
+            ),
             (json!({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}), "stream"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}}), "stream_options.include_usage"),
-            (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}), "messages[0].content[0].type"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}), "chat_template_kwargs.enable_thinking"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 50, "logprobs": true}), "top_logprobs"),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}}),
+                "stream_options.include_usage",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
+                "messages[0].content[0].type",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}),
+                "chat_template_kwargs.enable_thinking",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 50, "logprobs": true}),
+                "top_logprobs",
+            ),
         ];
         for (body, param) in cases {
             let e = parse_chat(&body, 4096).expect_err(&body.to_string());
@@ -592,7 +610,10 @@ mod tests {
         assert_eq!(r.common.seed, Some(u64::MAX));
         assert_eq!(r.common.top_k, Some(0));
         assert_eq!(r.logprobs, Some(3));
-        let none = parse_chat(&json!({"messages": [{"role": "user", "content": "x"}], "tools": body["tools"], "tool_choice": "none"}), 4096);
+        let none = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "x"}], "tools": body["tools"], "tool_choice": "none"}),
+            4096,
+        );
         assert!(none.unwrap().tools.is_none());
     }
 
@@ -602,7 +623,10 @@ mod tests {
         assert!(matches!(r.prompt, PromptInput::Tokens(ref t) if t == &[1, 2, 3]));
         let r = parse_completion(&json!({"prompt": ["a"]}), 4096).unwrap();
         assert!(matches!(r.prompt, PromptInput::Text(ref t) if t == "a"));
-        assert_eq!(parse_completion(&json!({"prompt": ["a", "b"]}), 4096).unwrap_err().param.as_deref(), Some("prompt"));
+        assert_eq!(
+            parse_completion(&json!({"prompt": ["a", "b"]}), 4096).unwrap_err().param.as_deref(),
+            Some("prompt")
+        );
         assert_eq!(parse_completion(&json!({"prompt": [-1]}), 4096).unwrap_err().param.as_deref(), Some("prompt"));
         assert_eq!(parse_completion(&json!({}), 4096).unwrap_err().param.as_deref(), Some("prompt"));
     }

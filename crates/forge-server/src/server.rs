@@ -113,7 +113,9 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 async fn not_found() -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "unknown endpoint").with_code("unknown_url").into_response()
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "unknown endpoint")
+        .with_code("unknown_url")
+        .into_response()
 }
 
 async fn method_not_allowed() -> Response {
@@ -241,7 +243,11 @@ impl Drop for CancelOnDrop {
     }
 }
 
-fn submit(app: &App, prepared: &Prepared, params: GenParams) -> Result<(UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
+fn submit(
+    app: &App,
+    prepared: &Prepared,
+    params: GenParams,
+) -> Result<(UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
     let (tx, rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let job = Job::new(prepared.tokens.clone(), prepared.snapshots.clone(), params, cancel.clone(), tx);
@@ -337,7 +343,9 @@ fn delta_json(d: &Delta) -> Json {
         Delta::Content(s) => json!({"content": s}),
         Delta::ToolStart { index, id, name } => json!({"tool_calls": [{
             "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-        Delta::ToolArgs { index, fragment } => json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}),
+        Delta::ToolArgs { index, fragment } => {
+            json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
+        }
     }
 }
 
@@ -423,7 +431,9 @@ impl Output for ChatOutput {
             msg["tool_calls"] = p
                 .tool_calls
                 .iter()
-                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .map(
+                    |c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
+                )
                 .collect();
         }
         let logprobs = self.logprobs.then(|| json!({"content": self.all_lp}));
@@ -803,7 +813,11 @@ async fn shutdown_signal() {
 /// Serves until Ctrl-C or SIGTERM (the `forge serve` command).
 pub fn run(app: Arc<App>, host: &str, port: u16) -> Result<()> {
     let rt = runtime()?;
-    let addr = if host.contains(':') && !host.starts_with('[') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
     let listener = rt.block_on(bind(&addr))?;
     let local = listener.local_addr().context("listener address")?;
     if !local.ip().is_loopback() && app.api_key.is_none() {

@@ -283,7 +283,8 @@ mod tests {
             }
         }
         // With the mass concentrated in the top-K, the coarse KL captures nearly all of it.
-        let zp: Vec<f32> = (0..5000).map(|i| if i < 20 { 10.0 + (i as f32) * 0.1 } else { r.normal() as f32 }).collect();
+        let zp: Vec<f32> =
+            (0..5000).map(|i| if i < 20 { 10.0 + (i as f32) * 0.1 } else { r.normal() as f32 }).collect();
         let zq: Vec<f32> = zp.iter().map(|&x| x + (0.2 * r.normal()) as f32).collect();
         let (ids, lp, tail, full_p) = teacher_side(&zp, 256);
         let (lq, qtail, full_q) = candidate_side(&zq, &ids);

@@ -164,8 +164,19 @@ pub fn build(
     if k == 0 || k > v {
         bail!("--top-k {k}: must be between 1 and the vocabulary size {v}");
     }
-    if out.exists() && !opts.force {
-        bail!("{}: already exists (pass --force to replace it)", out.display());
+    if out.exists() {
+        if !opts.force {
+            bail!("{}: already exists (pass --force to replace it)", out.display());
+        }
+        // --force replaces a reference, never an arbitrary directory or file.
+        let is_reference = std::fs::read(out.join(MANIFEST))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|m| m.get("format").and_then(|f| f.as_str()) == Some(FORMAT));
+        let is_empty_dir = out.is_dir() && std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
+        if !is_reference && !is_empty_dir {
+            bail!("{}: exists and is not an evaluation reference; --force only replaces references", out.display());
+        }
     }
     let plan = WindowPlan::new(text.tokens.len(), setup.ctx, setup.chunks, setup.score_from)?;
     let model_id = super::model_id(&loaded.path)?;
@@ -219,7 +230,10 @@ pub fn build(
         })?;
 
         let mut files = BTreeMap::new();
-        files.insert("text.bin".into(), write_file(&tmp, "text.bin", &text.bytes.bytes, "u8", &[text.bytes.bytes.len()])?);
+        files.insert(
+            "text.bin".into(),
+            write_file(&tmp, "text.bin", &text.bytes.bytes, "u8", &[text.bytes.bytes.len()])?,
+        );
         let toks: Vec<i32> = text.tokens[..plan.n_tokens()].iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = plan.positions().iter().map(|&p| p as i32).collect();
         let ids_i: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
@@ -302,7 +316,8 @@ pub fn build(
 fn install(tmp: &Path, out: &Path) -> Result<()> {
     if out.exists() {
         let old = sibling(out, "old")?;
-        std::fs::rename(out, &old).with_context(|| format!("{}: cannot move the old reference aside", out.display()))?;
+        std::fs::rename(out, &old)
+            .with_context(|| format!("{}: cannot move the old reference aside", out.display()))?;
         if let Err(e) = std::fs::rename(tmp, out) {
             let _ = std::fs::rename(&old, out);
             let _ = std::fs::remove_dir_all(tmp);
@@ -434,7 +449,8 @@ pub fn check_candidate(r: &Reference, loaded: &Loaded) -> Result<()> {
             m.vocab_size
         );
     }
-    let tok = loaded.tokenizer().with_context(|| format!("{cand}: cannot check its tokenizer against the reference"))?;
+    let tok =
+        loaded.tokenizer().with_context(|| format!("{cand}: cannot check its tokenizer against the reference"))?;
     if tok.vocab_size() != m.tokens.tokenizer_vocab_size {
         bail!(
             "{cand}: tokenizer has {} tokens, the teacher's ({teacher}) has {}",

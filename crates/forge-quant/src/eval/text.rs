@@ -110,7 +110,7 @@ impl TextSpec {
                 Some(n) => &data[..n],
                 None => &data[..],
             };
-            let abs = std::path::absolute(&part.path).unwrap_or_else(|_| part.path.clone());
+            let abs = std::fs::canonicalize(&part.path).unwrap_or_else(|_| part.path.clone());
             infos.push(PartInfo {
                 path: abs.display().to_string(),
                 max_bytes: part.max_bytes,
@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(d.text, "ab\u{FFFD}\u{FFFD}");
         assert_eq!(d.invalid_bytes, 2);
         assert_eq!(String::from_utf8_lossy(b"ab\xe2\x82"), "ab\u{FFFD}"); // Rust's rule differs
-        // A stray continuation byte in the middle, then valid text resumes.
+                                                                          // A stray continuation byte in the middle, then valid text resumes.
         let d = decode_like_llama_cpp(b"x\x80y\xc3\xa9");
         assert_eq!(d.text, "x\u{FFFD}y\u{e9}");
         // Overlong NUL is accepted by llama.cpp's decoder.

@@ -1,0 +1,317 @@
+//! `forge bench`: prefill and decode speed of a model, weight bytes per token, effective GB/s
+//! next to the machine's read bandwidth measured in the same run, and memory by category;
+//! `--kernels`: GB/s of each packed matrix kernel against its scalar reference.
+
+use anyhow::Result;
+use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
+use forge_kernels::lutmm::{self, Backend, PackedMatrix};
+use forge_model::linear::{Linear, Weight};
+use forge_model::model::{Embedding, Logits, Model};
+use forge_model::session::{LayerState, Session};
+use rayon::prelude::*;
+use serde_json::json;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: Hugging Face directory, GGUF file, Forge export, or a short name (smollm2).
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 64)]
+    gen_tokens: usize,
+    /// Runs per measurement; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Size of the buffer for the read-bandwidth measurement, GiB.
+    #[arg(long, default_value_t = 1.0)]
+    bandwidth_gib: f64,
+    /// Also measure the reference (decode-to-f32) path in the same run.
+    #[arg(long)]
+    reference: bool,
+    /// Kernel microbenchmark (2048×2048 per format) instead of a model.
+    #[arg(long)]
+    kernels: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    let bw = read_bandwidth(a.bandwidth_gib);
+    if a.kernels {
+        return kernels(&a, threads, bw);
+    }
+    let path = forge_core::hub::resolve_model(&a.model, true)?;
+    let loaded = forge_model::load::load(&path)?;
+    let model = &loaded.model;
+    let t0 = Instant::now();
+    for l in model.linears() {
+        l.prepare();
+    }
+    let prepare_s = t0.elapsed().as_secs_f64();
+    let bytes_per_token: usize = model.linears().iter().map(|l| l.weight_bytes()).sum();
+    let fast = measure(model, &a)?;
+    let reference = if a.reference {
+        lutmm::set_fast_path(false);
+        let r = measure(model, &a);
+        lutmm::set_fast_path(true);
+        Some(r?)
+    } else {
+        None
+    };
+    let mem = memory(model, &fast.session);
+    let eff = |tok_s: f64| bytes_per_token as f64 * tok_s / 1e9;
+    let gb = |b: usize| b as f64 / (1u64 << 30) as f64;
+    if a.json {
+        let mut j = json!({
+            "model": path.display().to_string(),
+            "threads": threads,
+            "prompt_tokens": a.prompt_tokens,
+            "gen_tokens": a.gen_tokens,
+            "repeats": a.repeats,
+            "prefill_tok_s": fast.prefill,
+            "decode_tok_s": fast.decode,
+            "weight_bytes_per_token": bytes_per_token,
+            "effective_gb_s": eff(fast.decode),
+            "bandwidth_gb_s": bw,
+            "bandwidth_fraction": eff(fast.decode) / bw,
+            "pack_s": prepare_s,
+            "memory_bytes": {
+                "weights": mem.weights,
+                "packed": mem.packed,
+                "kv_cache": mem.kv,
+                "recurrent_state": mem.recurrent,
+            },
+        });
+        if let Some(r) = &reference {
+            j["reference"] = json!({ "prefill_tok_s": r.prefill, "decode_tok_s": r.decode });
+        }
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        println!("model            {}", path.display());
+        println!("threads          {threads}");
+        println!("prompt/gen       {} / {} tokens, median of {}", a.prompt_tokens, a.gen_tokens, a.repeats);
+        println!("prefill          {:.1} tok/s", fast.prefill);
+        println!("decode           {:.1} tok/s", fast.decode);
+        if let Some(r) = &reference {
+            println!(
+                "reference path   prefill {:.1} tok/s, decode {:.1} tok/s (fast path ×{:.2} decode)",
+                r.prefill,
+                r.decode,
+                fast.decode / r.decode
+            );
+        }
+        println!("weights/token    {:.1} MB", bytes_per_token as f64 / 1e6);
+        println!(
+            "effective        {:.2} GB/s ({:.0} % of the measured read bandwidth)",
+            eff(fast.decode),
+            100.0 * eff(fast.decode) / bw
+        );
+        println!("read bandwidth   {bw:.2} GB/s ({} threads, {:.2} GiB buffer)", threads, a.bandwidth_gib);
+        println!("packing          {prepare_s:.2} s");
+        println!(
+            "memory           weights {:.3} GiB, packed {:.3} GiB, KV cache {:.1} MiB, recurrent state {:.1} MiB",
+            gb(mem.weights),
+            gb(mem.packed),
+            mem.kv as f64 / (1 << 20) as f64,
+            mem.recurrent as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(())
+}
+
+struct Speeds {
+    prefill: f64,
+    decode: f64,
+    session: Session,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
+}
+
+/// Prefill `prompt_tokens` synthetic tokens, then greedy-decode `gen_tokens`; median over repeats
+/// after one untimed warm-up.
+fn measure(model: &Model, a: &Args) -> Result<Speeds> {
+    let vocab = model.cfg.vocab_size as u64;
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab) as u32
+        })
+        .collect();
+    let once = |gen: usize| -> Result<(f64, f64, Session)> {
+        let mut sess = model.new_session();
+        let t0 = Instant::now();
+        let logits = model.forward(&mut sess, &prompt, Logits::Last)?;
+        let prefill = prompt.len() as f64 / t0.elapsed().as_secs_f64();
+        let mut tok = argmax(&logits);
+        let t1 = Instant::now();
+        for _ in 0..gen {
+            tok = argmax(&model.forward(&mut sess, &[tok], Logits::Last)?);
+        }
+        let decode = gen as f64 / t1.elapsed().as_secs_f64().max(1e-9);
+        Ok((prefill, decode, sess))
+    };
+    once(4)?;
+    let (mut p, mut d, mut last) = (Vec::new(), Vec::new(), None);
+    for _ in 0..a.repeats.max(1) {
+        let (pf, dc, sess) = once(a.gen_tokens)?;
+        p.push(pf);
+        d.push(dc);
+        last = Some(sess);
+    }
+    Ok(Speeds { prefill: median(p), decode: median(d), session: last.expect("one repeat") })
+}
+
+struct Memory {
+    weights: usize,
+    packed: usize,
+    kv: usize,
+    recurrent: usize,
+}
+
+fn stored_bytes(l: &Linear) -> usize {
+    let w = match &l.weight {
+        Weight::Dense(t) => t.numel() * t.dtype().size(),
+        Weight::Lut(m) => m.idx.len() + 4 * (m.codebook.len() + m.scale.len()),
+        Weight::Int8(m) => m.q.len() + 4 * m.scale.len(),
+    };
+    w + l.lowrank.as_ref().map_or(0, |lr| 4 * (lr.a.len() + lr.b.len()))
+}
+
+fn memory(model: &Model, sess: &Session) -> Memory {
+    let lin = model.linears();
+    // A float table tied to a float head is the same matrix, counted once (with the head).
+    let embed = match &model.embed {
+        Embedding::Table(t) if !(model.cfg.tie_embeddings && matches!(model.head.weight, Weight::Dense(_))) => {
+            t.numel() * t.dtype().size()
+        }
+        _ => 0,
+    };
+    let weights = lin.iter().map(|l| stored_bytes(l)).sum::<usize>() + embed;
+    let packed = lin.iter().filter(|l| !matches!(l.weight, Weight::Dense(_))).map(|l| l.weight_bytes()).sum();
+    let (mut kv, mut recurrent) = (0, 0);
+    for l in &sess.layers {
+        match l {
+            LayerState::Attn(c) => kv += (c.k.capacity() + c.v.capacity()) * 4,
+            LayerState::Delta(d) => recurrent += (d.conv.len() + d.rec.len()) * 4,
+        }
+    }
+    Memory { weights, packed, kv, recurrent }
+}
+
+/// Multi-threaded read bandwidth: sum a buffer of `gib` GiB (best of 3 passes), GB/s.
+pub fn read_bandwidth(gib: f64) -> f64 {
+    let n = ((gib * (1u64 << 30) as f64) as usize / 8).max(1 << 20);
+    let mut buf = vec![0u64; n];
+    buf.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(i, c)| c.iter_mut().enumerate().for_each(|(j, v)| *v = (i ^ j) as u64));
+    let mut best = f64::INFINITY;
+    let mut sink = 0u64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        sink ^= buf
+            .par_chunks(1 << 16)
+            .map(|c| {
+                let mut acc = [0u64; 8];
+                for ch in c.chunks_exact(8) {
+                    for k in 0..8 {
+                        acc[k] = acc[k].wrapping_add(ch[k]);
+                    }
+                }
+                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+            })
+            .reduce(|| 0, |a, b| a.wrapping_add(b));
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(sink);
+    (n * 8) as f64 / best / 1e9
+}
+
+fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
+    let (cout, cin) = (2048, 2048);
+    let mut s = 1u64;
+    let mut rnd = move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    let x: Vec<f32> = (0..cin).map(|_| (rnd() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let mut rows = Vec::new();
+    for f in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        let p = if f == Format::Int8 {
+            let q = (0..cout * cin).map(|_| rnd() as u8 as i8).collect();
+            PackedMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
+        } else {
+            let (d, k) = (f.vec_dim(), f.entries());
+            let m = LutMatrix {
+                format: f,
+                cout,
+                cin,
+                codebook: (0..k * d).map(|i| (i as f32 * 0.37).sin()).collect(),
+                idx: (0..cout / d * cin).map(|_| (rnd() % k as u32) as u8).collect(),
+                scale: vec![0.5; cout],
+            };
+            PackedMatrix::from_lut(&m)
+        };
+        let time = |b: Backend, t: usize| {
+            let xs: Vec<f32> = x.iter().cycle().take(t * cin).copied().collect();
+            let mut y = vec![0f32; t * cout];
+            p.matmul_with(b, &xs, t, &mut y);
+            let reps = if b == Backend::Scalar { 5 } else { 50 };
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                p.matmul_with(b, &xs, t, &mut y);
+            }
+            t0.elapsed().as_secs_f64() / reps as f64
+        };
+        let bytes = p.packed_bytes() as f64;
+        let (fast1, ref1, fast8) = (time(Backend::best(), 1), time(Backend::Scalar, 1), time(Backend::best(), 8));
+        rows.push(json!({
+            "format": f.name(),
+            "bytes": p.packed_bytes(),
+            "gb_s_t1": bytes / fast1 / 1e9,
+            "scalar_gb_s_t1": bytes / ref1 / 1e9,
+            "speedup_vs_scalar": ref1 / fast1,
+            "gb_s_t8": bytes / fast8 / 1e9,
+            "fraction_of_bandwidth_t1": bytes / fast1 / 1e9 / bw,
+        }));
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "threads": threads, "bandwidth_gb_s": bw, "kernels": rows }))?
+        );
+    } else {
+        println!(
+            "kernels on {cout}×{cin}, {threads} threads, read bandwidth {bw:.2} GB/s (matrix fits in L3 for ≤ 3 bits)"
+        );
+        println!(
+            "{:<8} {:>9} {:>12} {:>14} {:>9} {:>12}",
+            "format", "MB", "GB/s (T=1)", "scalar GB/s", "speedup", "GB/s (T=8)"
+        );
+        for r in rows {
+            println!(
+                "{:<8} {:>9.2} {:>12.2} {:>14.3} {:>9.1} {:>12.2}",
+                r["format"].as_str().unwrap_or(""),
+                r["bytes"].as_f64().unwrap_or(0.0) / 1e6,
+                r["gb_s_t1"].as_f64().unwrap_or(0.0),
+                r["scalar_gb_s_t1"].as_f64().unwrap_or(0.0),
+                r["speedup_vs_scalar"].as_f64().unwrap_or(0.0),
+                r["gb_s_t8"].as_f64().unwrap_or(0.0),
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! `forge eval` through the binary: reference → kl of the teacher against itself (KL 0, top-1
+//! 100 %, the .npy and JSON outputs), ppl, and bad input as one-line errors. Uses the real SmolLM2
+//! (tools/setup.sh) on two 64-token windows of `../shared/data/eval/prose.txt`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn forge(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_forge")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn data_dir() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data").to_string()
+}
+
+fn expect_error(args: &[&str], needles: &[&str]) {
+    let (ok, _, err) = forge(args);
+    assert!(!ok, "expected failure for {args:?}");
+    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
+    assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one error line for {args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "error for {args:?} lacks '{n}': {err}");
+    }
+}
+
+#[test]
+fn reference_then_kl_of_the_teacher_against_itself() {
+    let d = std::env::temp_dir().join(format!("forge-cli-eval-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let (refdir, npy, json) = (d.join("ref"), d.join("kl.npy"), d.join("kl.json"));
+    let dd = data_dir();
+    let win =
+        ["--data-dir", &dd, "--text", "eval/prose.txt:3000", "--ctx", "64", "--chunks", "2", "--score-from", "16"];
+    let mut args = vec!["--threads", "2", "eval", "reference", "--model", "smollm2", "--top-k", "32", "--json"];
+    args.extend(win);
+    args.extend(["--out", refdir.to_str().unwrap()]);
+    let (ok, out, err) = forge(&args);
+    assert!(ok, "{err}");
+    let m: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((m["positions"].as_u64(), m["top_k"].as_u64(), m["windows"].as_u64()), (Some(94), Some(32), Some(2)));
+    assert!(err.contains("teacher perplexity"), "{err}");
+
+    let (ok, out, err) = forge(&[
+        "eval",
+        "kl",
+        "--ref",
+        refdir.to_str().unwrap(),
+        "--model",
+        "smollm2",
+        "--kl-npy",
+        npy.to_str().unwrap(),
+        "--json-out",
+        json.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s["kl"]["mean"].as_f64(), Some(0.0));
+    assert_eq!(s["kl"]["max"].as_f64(), Some(0.0));
+    assert_eq!(s["top1_agreement"].as_f64(), Some(1.0));
+    assert_eq!(s["kl_method"].as_str(), Some("top-32 + tail"));
+    let (pc, pt) = (s["ppl_candidate"].as_f64().unwrap(), s["ppl_teacher"].as_f64().unwrap());
+    assert!((pc - pt).abs() < 1e-4 * pt, "{pc} vs {pt}");
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json).unwrap()).unwrap(), s);
+    let (shape, kl) = forge_core::npy::read_npy(&npy).unwrap();
+    assert_eq!((shape, kl.iter().all(|&x| x == 0.0)), (vec![94], true));
+    assert!(err.contains("top-1 agreement 100.000 %"), "{err}");
+
+    // Plain perplexity over the same windows equals the teacher's from the reference.
+    let mut args = vec!["eval", "ppl", "--model", "smollm2", "--json"];
+    args.extend(win);
+    let (ok, out, err) = forge(&args);
+    assert!(ok, "{err}");
+    let p: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!((p["ppl"].as_f64().unwrap() - pt).abs() < 1e-4 * pt);
+
+    let r = refdir.to_str().unwrap();
+    expect_error(&["eval", "kl", "--ref", r, "--model", "smollm2", "--parts", "ffn"], &["unknown part 'ffn'"]);
+    expect_error(&["eval", "kl", "--ref", r, "--model", "smollm2", "--parts", "mlp", "--layers", "0-3"], &["--parts"]);
+    expect_error(&["eval", "kl", "--ref", r, "--model", "smollm2", "--full-vocab"], &["--full-vocab"]);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/llama_tiny");
+    expect_error(&["eval", "kl", "--ref", r, "--model", fixture], &["vocabulary size"]);
+    let mut args = vec!["eval", "reference", "--model", "smollm2", "--out", r];
+    args.extend(win);
+    expect_error(&args, &["already exists"]);
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn bad_eval_input_is_one_line_errors() {
+    let missing = PathBuf::from("/nonexistent/ref");
+    expect_error(&["eval", "kl", "--ref", missing.to_str().unwrap(), "--model", "smollm2"], &["/nonexistent/ref"]);
+    let dd = data_dir();
+    expect_error(
+        &["eval", "ppl", "--model", "smollm2", "--protocol", "llama-perplexity", "--data-dir", &dd, "--ctx", "256"],
+        &["--ctx 256 conflicts"],
+    );
+    expect_error(&["eval", "ppl", "--model", "smollm2", "--protocol", "wikitext"], &["unknown protocol"]);
+    expect_error(&["eval", "ppl", "--model", "smollm2", "--text", "/nonexistent/t.txt"], &["/nonexistent/t.txt"]);
+    expect_error(
+        &["eval", "ppl", "--model", "smollm2", "--data-dir", &dd, "--text", "eval/prose.txt:100"],
+        &["fewer than one window"],
+    );
+    expect_error(&["eval", "ppl", "--model", "smollm2"], &["--text"]);
+}
