@@ -11,7 +11,7 @@ forge=./target/release/forge
 mkdir -p "$out"
 [ -d "$out/ref" ] || $forge --threads 2 eval reference --model smollm2 --protocol llama-perplexity --full-vocab --out "$out/ref"
 for f in $formats; do
-  for rot in none mlp,mixer,head; do
+  for rot in ${ROTATIONS:-none mlp,mixer,head}; do
     tag="$f-${rot//,/+}"
     [ -f "$out/$tag.kl.json" ] && continue
     rm -rf "$out/$tag"

@@ -192,22 +192,28 @@ fn run_reference(a: RefArgs) -> Result<()> {
     emit(&lines, a.json.then(|| serde_json::to_value(&m)).transpose()?)
 }
 
-/// Where the export loader will consult the ablation filter.
+/// Load a candidate; with an ablation filter, only the selected linears of a quantized export
+/// keep their quantized weights and the rest run the source checkpoint's dense weights.
 fn load_candidate(path: &Path, filter: &PartFilter) -> Result<Loaded> {
-    if !filter.is_all() {
-        // HOOK(export-loader): an ablation candidate is a quantized export whose linears keep
-        // their quantized weights where `filter.includes(layer, &name)` and run the source
-        // checkpoint's dense weights elsewhere. With `forge_model::export::Export` that is
-        // `load_with(&ex.source()?, &|name, o, i| if filter.includes(layer_of(name), name)
-        // { ex.linear(name, o, i) } else { Ok(None) })` plus the export's embedding when the head
-        // is selected; the export's owner wires it and tests it. Until then there is nothing to
-        // ablate, and loading the whole export would report its KL under an ablation's name.
-        bail!(
-            "--parts/--layers ({filter}) select linears of a quantized export; `forge eval kl` cannot load \
-             quantized exports with an ablation yet (the export loader is not wired in)"
-        );
+    if filter.is_all() {
+        return forge_model::load::load(path);
     }
-    forge_model::load::load(path)
+    if !forge_model::export::is_export(path) {
+        bail!("--parts/--layers ({filter}) select linears of a quantized export; {} is not one", path.display());
+    }
+    let ex = forge_model::export::Export::open(path)?;
+    let layer_of = |name: &str| -> usize {
+        name.strip_prefix("layers.").and_then(|r| r.split('.').next()).and_then(|l| l.parse().ok()).unwrap_or(0)
+    };
+    let mut loaded = forge_model::load::load_with(&ex.source()?, &|name, o, i| {
+        if filter.includes(layer_of(name), name) {
+            ex.linear(name, o, i)
+        } else {
+            Ok(None)
+        }
+    })?;
+    loaded.path = path.to_path_buf();
+    Ok(loaded)
 }
 
 fn run_kl(a: KlArgs) -> Result<()> {

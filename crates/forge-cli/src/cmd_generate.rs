@@ -32,24 +32,6 @@ pub struct Args {
     seed: u64,
 }
 
-impl Args {
-    /// Greedy chat answer (used by `forge demo`).
-    pub fn chat(model: String, prompt: String) -> Self {
-        Args {
-            model,
-            prompt,
-            chat: true,
-            system: None,
-            max_tokens: 128,
-            temperature: 0.0,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.0,
-            seed: 0,
-        }
-    }
-}
-
 pub fn run(a: Args) -> Result<()> {
     let path = forge_core::hub::resolve_model(&a.model, true)?;
     let loaded = forge_model::load::load(&path)?;

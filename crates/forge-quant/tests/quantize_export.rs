@@ -81,6 +81,16 @@ fn check_export(src: &str, plan: Plan, label: &str) {
     let b = fake.model.forward(&mut fake.model.new_session(), &toks, Logits::All).unwrap();
     let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(err < 1e-3, "{label}: export runtime vs dense reconstruction: {err}");
+    // Token-by-token decode goes through the packed LUT/INT8 kernels: same logits, same argmax.
+    let v = q.model.cfg.vocab_size;
+    let mut s = q.model.new_session();
+    for (i, &tok) in toks.iter().take(24).enumerate() {
+        let row = q.model.forward(&mut s, &[tok], Logits::Last).unwrap();
+        let want = &b[i * v..(i + 1) * v];
+        let e = row.iter().zip(want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(e < 1e-3, "{label}: decode step {i}: {e}");
+        assert_eq!(forge_model::sampling::argmax(&row), forge_model::sampling::argmax(want), "{label}: argmax at {i}");
+    }
 }
 
 #[test]
