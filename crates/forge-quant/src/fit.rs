@@ -94,6 +94,14 @@ pub fn fit_vector(vectors: &[f32], d: usize, weights: Option<&[f32]>, k: usize, 
     let pts: Vec<f32> = idx.iter().flat_map(|&i| vectors[i * d..(i + 1) * d].iter().copied()).collect();
     let w: Vec<f32> = idx.iter().map(|&i| weights.map_or(1.0, |w| w[i])).collect();
     let n = idx.len();
+    // Mean per-dimension variance of the sample, scaling the convergence tolerance.
+    let var_total: f64 = (0..d)
+        .map(|t| {
+            let m = (0..n).map(|i| pts[i * d + t] as f64).sum::<f64>() / n as f64;
+            (0..n).map(|i| (pts[i * d + t] as f64 - m).powi(2)).sum::<f64>() / n as f64
+        })
+        .sum::<f64>()
+        / d as f64;
     let mut best: Option<(f64, Vec<f32>)> = None;
     for init in 0..KMEANS_INITS {
         let mut rng = Rng::new(seed.wrapping_add(1 + init as u64).wrapping_mul(0x9E3779B97F4A7C15));
@@ -117,6 +125,7 @@ pub fn fit_vector(vectors: &[f32], d: usize, weights: Option<&[f32]>, k: usize, 
                     ch
                 })
                 .sum();
+            let old = c.clone();
             let mut sum = vec![0f64; k * d];
             let mut ws = vec![0f64; k];
             for i in 0..n {
@@ -137,9 +146,10 @@ pub fn fit_vector(vectors: &[f32], d: usize, weights: Option<&[f32]>, k: usize, 
                     c[q * d..(q + 1) * d].copy_from_slice(&pts[r * d..(r + 1) * d]);
                 }
             }
-            // Converged when almost no point changes cluster: the last moves of boundary points
-            // change the inertia by less than the FP16 rounding of the centroids will.
-            if changed * 1_000 <= n {
+            // Converged (as scikit-learn's tol = 1e-4): the centroids moved by less than 1e-4 of
+            // the data's variance, or no point changed cluster.
+            let shift: f64 = c.iter().zip(&old).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            if changed == 0 || shift <= 1e-4 * var_total {
                 break;
             }
         }
@@ -210,14 +220,18 @@ pub fn nearest(codebook: &[f32], d: usize, p: &[f32]) -> (usize, f32) {
 #[inline]
 fn nearest2(codebook: &[f32], x: f32, y: f32) -> (usize, f32) {
     let k = codebook.len() / 2;
-    let mut dist = [0f32; 256];
-    let dist = &mut dist[..k];
-    for (o, c) in dist.iter_mut().zip(codebook.chunks_exact(2)) {
-        let (dx, dy) = (x - c[0], y - c[1]);
-        *o = dx * dx + dy * dy;
+    // Structure-of-arrays copy so the distance loop vectorizes (K ≤ 256).
+    let (mut cx, mut cy, mut dist) = ([0f32; 256], [0f32; 256], [0f32; 256]);
+    for (q, c) in codebook.chunks_exact(2).enumerate() {
+        cx[q] = c[0];
+        cy[q] = c[1];
+    }
+    for q in 0..k {
+        let (dx, dy) = (x - cx[q], y - cy[q]);
+        dist[q] = dx * dx + dy * dy;
     }
     let mut best = (0, dist[0]);
-    for (q, &e) in dist.iter().enumerate().skip(1) {
+    for (q, &e) in dist[..k].iter().enumerate().skip(1) {
         if e < best.1 {
             best = (q, e);
         }
