@@ -28,7 +28,7 @@ impl Preset {
             "q4" => Preset {
                 name: "q4",
                 plan: mk(Format::Lut4, Format::Lut4, Format::Lut4, Format::Lut4),
-                rotate: "mlp,mixer",
+                rotate: "mlp,mixer,head",
                 aw: true,
                 lowrank: 0,
                 lowrank_parts: "gdn,attn",
@@ -36,7 +36,7 @@ impl Preset {
             "q3" => Preset {
                 name: "q3",
                 plan: mk(Format::Vec2x64, Format::Vec2x64, Format::Vec2x64, Format::Vec2x64),
-                rotate: "mlp,mixer",
+                rotate: "mlp,mixer,head",
                 aw: true,
                 lowrank: 0,
                 lowrank_parts: "gdn,attn",
@@ -44,7 +44,7 @@ impl Preset {
             "q2" => Preset {
                 name: "q2",
                 plan: mk(Format::Vec2x16, Format::Vec2x64, Format::Vec2x64, Format::Vec2x64),
-                rotate: "mlp,mixer",
+                rotate: "mlp,mixer,head",
                 aw: true,
                 lowrank: 0,
                 lowrank_parts: "gdn,attn",
