@@ -53,6 +53,12 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("\n== 1/4 quantize == (reusing {})", export.display());
     }
     step("2/4 inspect", &["inspect".into(), s(&export)])?;
+    let data = forge_quant::eval::find_data_dir().context("cannot find ../shared/data (the evaluation text)")?;
+    let text = format!(
+        "{}:81920,{}:81920",
+        data.join("eval").join("prose.txt").display(),
+        data.join("eval").join("code.txt").display()
+    );
     if !reference.join("manifest.json").exists() {
         step(
             "3/4 evaluate: the original model's distribution (teacher reference)",
@@ -61,8 +67,13 @@ pub fn run(a: Args) -> Result<()> {
                 "reference".into(),
                 "--model".into(),
                 "smollm2".into(),
-                "--protocol".into(),
-                "llama-perplexity".into(),
+                // The llama.cpp protocol's text and scored positions, on fewer windows.
+                "--text".into(),
+                text,
+                "--ctx".into(),
+                "512".into(),
+                "--score-from".into(),
+                "256".into(),
                 "--chunks".into(),
                 a.windows.to_string(),
                 "--full-vocab".into(),
