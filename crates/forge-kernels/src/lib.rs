@@ -12,3 +12,20 @@ pub mod numpy_rng;
 pub mod rope;
 pub mod rotation;
 pub mod simd;
+
+/// Deterministic test data shared by the kernel tests.
+#[cfg(test)]
+pub(crate) mod testutil {
+    /// `n` values in [-1, 1) from a seeded xorshift32.
+    pub fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+}

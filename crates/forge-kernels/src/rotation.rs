@@ -143,17 +143,7 @@ impl Rotation {
 mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::testutil::data;
 
     /// `a (r × k) · b (k × c)` in f64.
     fn matmul(a: &[f32], b: &[f32], r: usize, k: usize, c: usize) -> Vec<f64> {

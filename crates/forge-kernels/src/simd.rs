@@ -117,17 +117,7 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::testutil::data;
 
     #[test]
     fn dot_matches_reference_on_ragged_lengths() {
