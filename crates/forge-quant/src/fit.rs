@@ -22,6 +22,16 @@ pub fn f16_round(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
+/// `n` standard normal samples (Box–Muller), for seeded random projections and tests.
+pub fn normal_samples(r: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (r.next_f64().max(1e-300), r.next_f64());
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+        })
+        .collect()
+}
+
 /// Sample `n` distinct-ish indices in `0..total` (all of them when `total ≤ n`), seeded.
 fn sample_indices(total: usize, n: usize, rng: &mut Rng) -> Vec<usize> {
     if total <= n {
@@ -244,13 +254,7 @@ mod tests {
     use super::*;
 
     fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-        let mut r = Rng::new(seed);
-        (0..n)
-            .map(|_| {
-                let (u1, u2) = (r.next_f64().max(1e-300), r.next_f64());
-                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-            })
-            .collect()
+        normal_samples(&mut Rng::new(seed), n)
     }
 
     #[test]

@@ -114,12 +114,7 @@ pub fn lowrank_factors(e: &[f32], m: usize, n: usize, r: usize, seed: u64) -> (V
     let k = (r + OVERSAMPLE).min(m).min(n);
     let r = r.min(k);
     let mut rng = Rng::new(seed);
-    let omega: Vec<f32> = (0..n * k)
-        .map(|_| {
-            let (u1, u2) = (rng.next_f64().max(1e-300), rng.next_f64());
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-        })
-        .collect();
+    let omega = crate::fit::normal_samples(&mut rng, n * k);
     let et = transpose(e, m, n);
     let mut y = mm(e, m, n, &omega, k);
     orthonormalize(&mut y, m, k);

@@ -218,13 +218,7 @@ mod tests {
     use forge_model::sampling::Rng;
 
     fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-        let mut r = Rng::new(seed);
-        (0..n)
-            .map(|_| {
-                let (u1, u2) = (r.next_f64().max(1e-300), r.next_f64());
-                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-            })
-            .collect()
+        crate::fit::normal_samples(&mut Rng::new(seed), n)
     }
 
     #[test]
