@@ -13,7 +13,7 @@ run = sys.argv[1]
 times = {}
 if os.path.exists(os.path.join(run, "times.txt")):
     for line in open(os.path.join(run, "times.txt")):
-        tag, t = line.split()
+        tag, t, *rest = line.split()  # optional extra fields, e.g. threads=1
         times[tag] = int(t.split("=")[1])
 rows = []
 for f in sorted(os.listdir(run)):

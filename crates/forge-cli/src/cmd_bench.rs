@@ -33,6 +33,9 @@ pub struct Args {
     /// Kernel microbenchmark (2048×2048 per format) instead of a model.
     #[arg(long)]
     kernels: bool,
+    /// Matrix shape for --kernels, OUTxIN (e.g. 17408x5120, a 27B MLP matrix larger than L3)
+    #[arg(long, default_value = "2048x2048")]
+    shape: String,
     #[arg(long)]
     json: bool,
 }
@@ -61,6 +64,7 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         None
     };
+    let split = decode_split(model, &a)?;
     let mem = memory(model, &fast.session);
     let eff = |tok_s: f64| bytes_per_token as f64 * tok_s / 1e9;
     let gb = |b: usize| b as f64 / (1u64 << 30) as f64;
@@ -78,6 +82,7 @@ pub fn run(a: Args) -> Result<()> {
             "bandwidth_gb_s": bw,
             "bandwidth_fraction": eff(fast.decode) / bw,
             "pack_s": prepare_s,
+            "decode_split_ms_per_token": split.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "memory_bytes": {
                 "weights": mem.weights,
                 "packed": mem.packed,
@@ -111,6 +116,10 @@ pub fn run(a: Args) -> Result<()> {
         );
         println!("read bandwidth   {bw:.2} GB/s ({} threads, {:.2} GiB buffer)", threads, a.bandwidth_gib);
         println!("packing          {prepare_s:.2} s");
+        let total: f64 = split.iter().map(|(_, v)| v).sum();
+        let parts: Vec<String> =
+            split.iter().map(|(k, v)| format!("{k} {v:.2} ms ({:.0} %)", 100.0 * v / total.max(1e-12))).collect();
+        println!("decode split     {} per token", parts.join(", "));
         println!(
             "memory           weights {:.3} GiB, packed {:.3} GiB, KV cache {:.1} MiB, recurrent state {:.1} MiB",
             gb(mem.weights),
@@ -174,6 +183,29 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
     Ok(Speeds { prefill: median(p), decode: median(d), session: last.expect("one repeat") })
 }
 
+/// Decode time per token by part (ms), from one profiled run after the timed ones; `other` is
+/// what the parts do not cover (sampling, the loop).
+fn decode_split(model: &Model, a: &Args) -> Result<Vec<(String, f64)>> {
+    use forge_model::profile;
+    let vocab = model.cfg.vocab_size as u32;
+    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let mut sess = model.new_session();
+    let mut tok = argmax(&model.forward(&mut sess, &prompt, Logits::Last)?);
+    let n = a.gen_tokens.max(1);
+    profile::enable(true);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        tok = argmax(&model.forward(&mut sess, &[tok], Logits::Last)?);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    profile::enable(false);
+    let mut out: Vec<(String, f64)> =
+        profile::totals().into_iter().map(|(p, s)| (p.name().to_string(), 1e3 * s / n as f64)).collect();
+    let covered: f64 = out.iter().map(|(_, v)| v).sum();
+    out.push(("other".into(), (1e3 * wall / n as f64 - covered).max(0.0)));
+    Ok(out)
+}
+
 struct Memory {
     weights: usize,
     packed: usize,
@@ -186,6 +218,7 @@ fn stored_bytes(l: &Linear) -> usize {
         Weight::Dense(t) => t.numel() * t.dtype().size(),
         Weight::Lut(m) => m.idx.len() + 4 * (m.codebook.len() + m.scale.len()),
         Weight::Int8(m) => m.q.len() + 4 * m.scale.len(),
+        Weight::Packed(_) => 0,
     };
     w + l.lowrank.as_ref().map_or(0, |lr| 4 * (lr.a.len() + lr.b.len()))
 }
@@ -241,7 +274,12 @@ pub fn read_bandwidth(gib: f64) -> f64 {
 }
 
 fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
-    let (cout, cin) = (2048, 2048);
+    let (cout, cin) = a
+        .shape
+        .split_once('x')
+        .and_then(|(o, i)| Some((o.parse::<usize>().ok()?, i.parse::<usize>().ok()?)))
+        .filter(|&(o, i)| o > 0 && i > 0 && o % 2 == 0)
+        .ok_or_else(|| anyhow::anyhow!("--shape {:?}: expected OUTxIN with an even OUT, e.g. 2048x2048", a.shape))?;
     let mut s = 1u64;
     let mut rnd = move || {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -249,39 +287,64 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
     };
     let x: Vec<f32> = (0..cin).map(|_| (rnd() % 2000) as f32 / 1000.0 - 1.0).collect();
     let mut rows = Vec::new();
+    // Each format in the integer-dot layout (codebooks on the 8-bit grid, as the quantizer
+    // writes them) and in the float tile layout (any codebook).
+    let mut cases: Vec<(Format, bool)> = Vec::new();
+    for f in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        cases.push((f, true));
+    }
     for f in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        cases.push((f, false));
+    }
+    for (f, int_dot) in cases {
         let p = if f == Format::Int8 {
             let q = (0..cout * cin).map(|_| rnd() as u8 as i8).collect();
-            PackedMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
+            let m = Int8Matrix { cout, cin, q, scale: vec![0.01; cout] };
+            if int_dot {
+                PackedMatrix::from_int8(&m)
+            } else {
+                PackedMatrix::tiles_from_int8(&m)
+            }
         } else {
             let (d, k) = (f.vec_dim(), f.entries());
             let m = LutMatrix {
                 format: f,
                 cout,
                 cin,
-                codebook: (0..k * d).map(|i| (i as f32 * 0.37).sin()).collect(),
+                codebook: (0..k * d).map(|i| ((i as f32 * 0.37).sin() * 64.0).round() / 64.0).collect(),
                 idx: (0..cout / d * cin).map(|_| (rnd() % k as u32) as u8).collect(),
                 scale: vec![0.5; cout],
             };
-            PackedMatrix::from_lut(&m)
+            if int_dot {
+                PackedMatrix::from_lut(&m)
+            } else {
+                PackedMatrix::tiles_from_lut(&m)
+            }
         };
+        anyhow::ensure!(p.is_int_dot() == int_dot, "{}: unexpected kernel layout", f.name());
+        let bytes = p.packed_bytes() as f64;
         let time = |b: Backend, t: usize| {
             let xs: Vec<f32> = x.iter().cycle().take(t * cin).copied().collect();
             let mut y = vec![0f32; t * cout];
             p.matmul_with(b, &xs, t, &mut y);
-            let reps = if b == Backend::Scalar { 5 } else { 50 };
+            // About 0.3 s per measurement, at least 3 calls.
+            let t0 = Instant::now();
+            p.matmul_with(b, &xs, t, &mut y);
+            let once = t0.elapsed().as_secs_f64();
+            let reps = ((0.3 / once) as usize).clamp(3, 500);
             let t0 = Instant::now();
             for _ in 0..reps {
                 p.matmul_with(b, &xs, t, &mut y);
             }
             t0.elapsed().as_secs_f64() / reps as f64
         };
-        let bytes = p.packed_bytes() as f64;
         let (fast1, ref1, fast8) = (time(Backend::best(), 1), time(Backend::Scalar, 1), time(Backend::best(), 8));
         rows.push(json!({
             "format": f.name(),
+            "layout": if int_dot { "int-dot" } else { "tiles" },
             "bytes": p.packed_bytes(),
             "gb_s_t1": bytes / fast1 / 1e9,
+            "gweights_s_t1": (cout * cin) as f64 / fast1 / 1e9,
             "scalar_gb_s_t1": bytes / ref1 / 1e9,
             "speedup_vs_scalar": ref1 / fast1,
             "gb_s_t8": bytes / fast8 / 1e9,
@@ -291,25 +354,29 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({ "threads": threads, "bandwidth_gb_s": bw, "kernels": rows }))?
+            serde_json::to_string_pretty(
+                &json!({ "threads": threads, "shape": [cout, cin], "bandwidth_gb_s": bw, "kernels": rows })
+            )?
         );
     } else {
+        println!("kernels on {cout}×{cin}, {threads} threads, read bandwidth {bw:.2} GB/s (measured in this run)");
         println!(
-            "kernels on {cout}×{cin}, {threads} threads, read bandwidth {bw:.2} GB/s (matrix fits in L3 for ≤ 3 bits)"
-        );
-        println!(
-            "{:<8} {:>9} {:>12} {:>14} {:>9} {:>12}",
-            "format", "MB", "GB/s (T=1)", "scalar GB/s", "speedup", "GB/s (T=8)"
+            "{:<8} {:<8} {:>8} {:>11} {:>9} {:>8} {:>12} {:>9} {:>11}",
+            "format", "layout", "MB", "GB/s T=1", "% of bw", "Gw/s", "scalar GB/s", "speedup", "GB/s T=8"
         );
         for r in rows {
+            let g = |k: &str| r[k].as_f64().unwrap_or(0.0);
             println!(
-                "{:<8} {:>9.2} {:>12.2} {:>14.3} {:>9.1} {:>12.2}",
+                "{:<8} {:<8} {:>8.2} {:>11.2} {:>8.0}% {:>8.2} {:>12.3} {:>9.1} {:>11.2}",
                 r["format"].as_str().unwrap_or(""),
-                r["bytes"].as_f64().unwrap_or(0.0) / 1e6,
-                r["gb_s_t1"].as_f64().unwrap_or(0.0),
-                r["scalar_gb_s_t1"].as_f64().unwrap_or(0.0),
-                r["speedup_vs_scalar"].as_f64().unwrap_or(0.0),
-                r["gb_s_t8"].as_f64().unwrap_or(0.0),
+                r["layout"].as_str().unwrap_or(""),
+                g("bytes") / 1e6,
+                g("gb_s_t1"),
+                100.0 * g("fraction_of_bandwidth_t1"),
+                g("gweights_s_t1"),
+                g("scalar_gb_s_t1"),
+                g("speedup_vs_scalar"),
+                g("gb_s_t8"),
             );
         }
     }

@@ -34,7 +34,8 @@ pub struct Args {
     /// given with it override its formats.
     #[arg(long)]
     preset: Option<String>,
-    /// Calibration rows as file:rows,file:rows (files relative to ../shared/data/calib); default: half prose, half code.
+    /// Calibration rows as file:rows,file:rows (files relative to ../shared/data/calib; ids=FILE reads token ids, e.g.
+    /// from `forge calib generate`; no :rows = every row); default: half prose, half code.
     #[arg(long)]
     calib: Option<String>,
     /// Calibration rows in total when --calib is not given.

@@ -1,7 +1,9 @@
 //! `forge`: quantize, evaluate and run LLMs on CPUs.
 
 mod cmd_bench;
+mod cmd_calib;
 mod cmd_chat;
+mod cmd_compile;
 mod cmd_demo;
 mod cmd_eval;
 mod cmd_generate;
@@ -9,6 +11,7 @@ mod cmd_inspect;
 mod cmd_logits;
 mod cmd_quantize;
 mod cmd_serve;
+mod cmd_synth;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -19,6 +22,10 @@ struct Cli {
     /// Worker threads (default: all cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// Integer kernels take activations as one 16-bit plane per block instead of two: faster,
+    /// but logits move by up to ~2e-3 (two planes match the f32 reference to ~1e-7 relative).
+    #[arg(long, global = true)]
+    act16: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -33,6 +40,8 @@ enum Cmd {
     Generate(cmd_generate::Args),
     /// Evaluate: teacher reference, KL of a candidate against it, perplexity.
     Eval(cmd_eval::Args),
+    /// Calibration data: `calib generate` writes self-generated chats as token-id rows.
+    Calib(cmd_calib::Args),
     /// Quantize a model into an export (LUT/INT8 formats, per-matrix plan).
     Quantize(cmd_quantize::Args),
     /// Show what an export holds: formats, bits/weight, SNR, sizes.
@@ -43,6 +52,12 @@ enum Cmd {
     Chat(cmd_chat::Args),
     /// Speed: prefill/decode tok/s, weight GB/s vs measured read bandwidth, memory (--kernels: per-format kernels).
     Bench(cmd_bench::Args),
+    /// Write a RANDOM-WEIGHT export with Qwen3.8-27B's shapes and the release-0.2 plan: NOT A MODEL, for speed and
+    /// memory benchmarks only.
+    #[command(long_about = cmd_synth::LONG_ABOUT)]
+    Synth(cmd_synth::Args),
+    /// Write an export's packed kernel layout next to it (packed.forgecache), reused on later starts.
+    Compile(cmd_compile::Args),
     /// Fetch the embedded default model (SmolLM2-135M-Instruct) into the cache.
     Fetch,
 }
@@ -54,16 +69,22 @@ fn main() {
             eprintln!("forge: warning: cannot set threads: {e}");
         }
     }
+    if cli.act16 {
+        forge_kernels::lutmm::intdot::set_activation_planes(1);
+    }
     let r: Result<()> = match cli.cmd {
         Cmd::Demo(a) => cmd_demo::run(a),
         Cmd::Logits(a) => cmd_logits::run(a),
         Cmd::Generate(a) => cmd_generate::run(a),
         Cmd::Eval(a) => cmd_eval::run(a),
+        Cmd::Calib(a) => cmd_calib::run(a),
         Cmd::Quantize(a) => cmd_quantize::run(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
         Cmd::Chat(a) => cmd_chat::run(a),
         Cmd::Bench(a) => cmd_bench::run(a),
+        Cmd::Synth(a) => cmd_synth::run(a),
+        Cmd::Compile(a) => cmd_compile::run(a),
         Cmd::Fetch => forge_core::hub::resolve_model("smollm2", true).map(|p| println!("{}", p.display())),
     };
     if let Err(e) = r {

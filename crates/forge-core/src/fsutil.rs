@@ -28,3 +28,25 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     }
     result
 }
+
+/// Like [`write_atomic`], for data too large to hold in memory: `fill` streams the contents into
+/// a buffered temporary file in the same directory, which is synced and renamed into place only
+/// when `fill` succeeds (on error the temporary file is removed).
+pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| -> Result<()> {
+        let f = std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?;
+        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+        fill(&mut w)?;
+        let f =
+            w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("{}: write failed", tmp.display()))?;
+        f.sync_all().ok();
+        std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot rename into place", path.display()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

@@ -44,6 +44,8 @@ pub struct Export {
     pub dir: PathBuf,
     pub manifest: Value,
     files: HashMap<String, SafetensorsSet>,
+    /// The compiled cache (`forge compile`), when present and built from these weights.
+    compiled: Option<crate::compiled::Compiled>,
 }
 
 impl Export {
@@ -54,6 +56,7 @@ impl Export {
             serde_json::from_str(&text).with_context(|| format!("{}: malformed JSON", mpath.display()))?;
         let mut ex = Self::open_partial(dir)?;
         ex.manifest = manifest;
+        ex.compiled = crate::compiled::Compiled::open_for(&ex)?;
         Ok(ex)
     }
 
@@ -62,7 +65,7 @@ impl Export {
         let manifest = Value::Null;
         let mut files = HashMap::new();
         if !dir.exists() {
-            return Ok(Export { dir: dir.to_path_buf(), manifest, files });
+            return Ok(Export { dir: dir.to_path_buf(), manifest, files, compiled: None });
         }
         for e in std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))? {
             let p = e?.path();
@@ -71,7 +74,7 @@ impl Export {
                 files.insert(name, SafetensorsSet::open_files(std::slice::from_ref(&p))?);
             }
         }
-        Ok(Export { dir: dir.to_path_buf(), manifest, files })
+        Ok(Export { dir: dir.to_path_buf(), manifest, files, compiled: None })
     }
 
     /// The source checkpoint recorded in `forge.json` (a path, relative paths resolved against
@@ -105,38 +108,128 @@ impl Export {
         set.get(name)?.ok_or_else(|| anyhow!("{}: missing tensor '{name}'", self.dir.join(file).display()))
     }
 
-    /// The quantized linear layer `canonical` (`out_f × in_f`), if the export holds it.
-    pub fn linear(&self, canonical: &str, out_f: usize, in_f: usize) -> Result<Option<Linear>> {
-        let Some((file, key)) = file_and_key(canonical) else { return Ok(None) };
-        let Some(set) = self.files.get(&file) else { return Ok(None) };
-        let path = self.dir.join(&file);
+    /// The export's safetensors files, sorted.
+    pub fn file_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.files.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Whether a compiled cache is in use.
+    pub fn is_compiled(&self) -> bool {
+        self.compiled.is_some()
+    }
+
+    /// Every LUT/INT8 matrix: `(file, key, cout, cin)`, in file and key order.
+    pub fn quantized_matrices(&self) -> Result<Vec<(String, String, usize, usize)>> {
+        let mut out = Vec::new();
+        for file in self.file_names() {
+            let set = &self.files[&file];
+            let mut keys: Vec<&str> = set.names().collect();
+            keys.sort();
+            for name in keys {
+                let shape = set.shape(name).unwrap_or(&[]);
+                if let Some(key) = name.strip_suffix(".idx") {
+                    let d = set.shape(&format!("{key}.lut")).and_then(|s| s.get(1).copied()).unwrap_or(1);
+                    if let [g, cin] = shape[..] {
+                        out.push((file.clone(), key.to_string(), g * d, cin));
+                    }
+                } else if let Some(key) = name.strip_suffix(".int8") {
+                    if let [cout, cin] = shape[..] {
+                        out.push((file.clone(), key.to_string(), cout, cin));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The integer-dot layout matrix `key` of `file` packs to, if any (reads only its codebook).
+    pub fn dot_layout(
+        &self,
+        file: &str,
+        key: &str,
+        out_f: usize,
+        in_f: usize,
+    ) -> Result<Option<forge_kernels::lutmm::intdot::DotLayout>> {
+        use forge_kernels::lutmm::intdot::DotMatrix;
+        let set = &self.files[file];
+        if set.contains(&format!("{key}.int8")) {
+            return Ok(DotMatrix::layout_for(Format::Int8, &[], out_f, in_f));
+        }
+        let lut = self.tensor(file, set, &format!("{key}.lut"))?;
+        let format = self.lut_format(file, set, key, &lut)?;
+        let cb = lut.to_f32_vec().with_context(|| format!("{}: tensor '{key}.lut'", self.dir.join(file).display()))?;
+        Ok(DotMatrix::layout_for(format, &cb, out_f, in_f))
+    }
+
+    /// Matrix `key` of `file` read and packed for the kernels.
+    pub fn packed(
+        &self,
+        file: &str,
+        key: &str,
+        out_f: usize,
+        in_f: usize,
+    ) -> Result<forge_kernels::lutmm::PackedMatrix> {
+        use forge_kernels::lutmm::PackedMatrix;
+        match self.weight(file, &self.files[file], key, out_f, in_f, false)? {
+            Some(Weight::Lut(m)) => Ok(PackedMatrix::from_lut(&m)),
+            Some(Weight::Int8(m)) => Ok(PackedMatrix::from_int8(&m)),
+            _ => bail!("{}: '{key}' is not a LUT or INT8 matrix", self.dir.join(file).display()),
+        }
+    }
+
+    fn lut_format(&self, file: &str, set: &SafetensorsSet, key: &str, lut: &HostTensor) -> Result<Format> {
+        let path = self.dir.join(file);
+        let ctx = |what: &str| format!("{}: tensor '{key}.{what}'", path.display());
+        let [k, d] = lut.shape[..] else { bail!("{}: expected a (K, d) table, found {:?}", ctx("lut"), lut.shape) };
+        let format = match set.metadata.get(&format!("{key}.format")) {
+            Some(f) => Format::parse(f).with_context(|| format!("{}: metadata '{key}.format'", path.display()))?,
+            None => match (k, d) {
+                (16, 1) => Format::Lut4,
+                (8, 1) => Format::Lut3,
+                (4, 1) => Format::Lut2,
+                (16, 2) => Format::Vec2x16,
+                (64, 2) => Format::Vec2x64,
+                _ => bail!("{}: a ({k}, {d}) table matches no known format", ctx("lut")),
+            },
+        };
+        if format.entries() != k || format.vec_dim() != d {
+            bail!("{}: shape ({k}, {d}) does not fit format {}", ctx("lut"), format.name());
+        }
+        Ok(format)
+    }
+
+    /// The stored weight of `key` (from the compiled cache when `cached` and present).
+    fn weight(
+        &self,
+        file: &str,
+        set: &SafetensorsSet,
+        key: &str,
+        out_f: usize,
+        in_f: usize,
+        cached: bool,
+    ) -> Result<Option<Weight>> {
+        if let (true, Some(c)) = (cached, &self.compiled) {
+            if let Some(p) = c.matrix(file, key, out_f, in_f)? {
+                return Ok(Some(Weight::Packed(Arc::new(p))));
+            }
+        }
+        let path = self.dir.join(file);
         let has = |suffix: &str| set.contains(&format!("{key}.{suffix}"));
         let ctx = |what: &str| format!("{}: tensor '{key}.{what}'", path.display());
         let f32s = |suffix: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            let t = self.tensor(&file, set, &format!("{key}.{suffix}"))?;
+            let t = self.tensor(file, set, &format!("{key}.{suffix}"))?;
             if t.shape != shape {
                 bail!("{}: has shape {:?}, expected {shape:?}", ctx(suffix), t.shape);
             }
             t.to_f32_vec().with_context(|| ctx(suffix))
         };
         let weight = if has("lut") {
-            let lut = self.tensor(&file, set, &format!("{key}.lut"))?;
-            let [k, d] = lut.shape[..] else { bail!("{}: expected a (K, d) table, found {:?}", ctx("lut"), lut.shape) };
-            let format = match set.metadata.get(&format!("{key}.format")) {
-                Some(f) => Format::parse(f).with_context(|| format!("{}: metadata '{key}.format'", path.display()))?,
-                None => match (k, d) {
-                    (16, 1) => Format::Lut4,
-                    (8, 1) => Format::Lut3,
-                    (4, 1) => Format::Lut2,
-                    (16, 2) => Format::Vec2x16,
-                    (64, 2) => Format::Vec2x64,
-                    _ => bail!("{}: a ({k}, {d}) table matches no known format", ctx("lut")),
-                },
-            };
-            if format.entries() != k || format.vec_dim() != d {
-                bail!("{}: shape ({k}, {d}) does not fit format {}", ctx("lut"), format.name());
-            }
-            let idx_t = self.tensor(&file, set, &format!("{key}.idx"))?;
+            let lut = self.tensor(file, set, &format!("{key}.lut"))?;
+            let format = self.lut_format(file, set, key, &lut)?;
+            let d = format.vec_dim();
+            let idx_t = self.tensor(file, set, &format!("{key}.idx"))?;
             if idx_t.dtype() != DType::U8 || idx_t.shape != [out_f / d, in_f] {
                 bail!(
                     "{}: expected U8 {:?}, found {} {:?}",
@@ -157,14 +250,14 @@ impl Export {
             m.validate().with_context(|| format!("{}: matrix '{key}'", path.display()))?;
             Weight::Lut(Arc::new(m))
         } else if has("int8") {
-            let q = self.tensor(&file, set, &format!("{key}.int8"))?;
+            let q = self.tensor(file, set, &format!("{key}.int8"))?;
             if q.dtype() != DType::I8 || q.shape != [out_f, in_f] {
                 bail!("{}: expected I8 {:?}, found {} {:?}", ctx("int8"), [out_f, in_f], q.dtype().name(), q.shape);
             }
             let q: Vec<i8> = q.raw_bytes().unwrap_or_default().iter().map(|&b| b as i8).collect();
             Weight::Int8(Arc::new(Int8Matrix { cout: out_f, cin: in_f, q, scale: f32s("scale", &[out_f])? }))
         } else if has("weight") {
-            let w = self.tensor(&file, set, &format!("{key}.weight"))?;
+            let w = self.tensor(file, set, &format!("{key}.weight"))?;
             if w.shape != [out_f, in_f] {
                 bail!("{}: has shape {:?}, expected {:?}", ctx("weight"), w.shape, [out_f, in_f]);
             }
@@ -173,6 +266,24 @@ impl Export {
         } else {
             return Ok(None);
         };
+        Ok(Some(weight))
+    }
+
+    /// The quantized linear layer `canonical` (`out_f × in_f`), if the export holds it.
+    pub fn linear(&self, canonical: &str, out_f: usize, in_f: usize) -> Result<Option<Linear>> {
+        let Some((file, key)) = file_and_key(canonical) else { return Ok(None) };
+        let Some(set) = self.files.get(&file) else { return Ok(None) };
+        let path = self.dir.join(&file);
+        let has = |suffix: &str| set.contains(&format!("{key}.{suffix}"));
+        let ctx = |what: &str| format!("{}: tensor '{key}.{what}'", path.display());
+        let f32s = |suffix: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            let t = self.tensor(&file, set, &format!("{key}.{suffix}"))?;
+            if t.shape != shape {
+                bail!("{}: has shape {:?}, expected {shape:?}", ctx(suffix), t.shape);
+            }
+            t.to_f32_vec().with_context(|| ctx(suffix))
+        };
+        let Some(weight) = self.weight(&file, set, &key, out_f, in_f, true)? else { return Ok(None) };
         let mut lin = Linear::with_weight(canonical, out_f, in_f, weight);
         if has("lr_a") || has("lr_b") {
             let a = self.tensor(&file, set, &format!("{key}.lr_a"))?;

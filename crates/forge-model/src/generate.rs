@@ -12,6 +12,8 @@ pub struct GenStats {
     pub generated_tokens: usize,
     pub prefill_s: f64,
     pub decode_s: f64,
+    /// The stop id that ended the generation (`None`: `max_tokens` reached or `on_token` stopped it).
+    pub stop_id: Option<u32>,
 }
 
 impl GenStats {
@@ -46,6 +48,7 @@ pub fn generate(
     for i in 0..max_tokens {
         let tok = sampler.sample(&logits);
         if stop_ids.contains(&tok) {
+            st.stop_id = Some(tok);
             break;
         }
         st.generated_tokens += 1;

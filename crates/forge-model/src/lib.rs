@@ -1,10 +1,12 @@
 //! Forge models: one graph per architecture family written over [`linear::Linear`], explicit
 //! session state, sampling and generation.
+pub mod compiled;
 pub mod export;
 pub mod generate;
 pub mod linear;
 pub mod load;
 pub mod model;
+pub mod profile;
 pub mod sampling;
 pub mod session;
 

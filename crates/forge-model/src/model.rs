@@ -2,6 +2,9 @@
 //! head. One code path serves T = 1 (decode), small T (verify) and large T (prefill).
 
 use crate::linear::Linear;
+
+/// Multiply-adds below which a section runs on the calling thread rather than forking.
+const PAR_MIN_MACS: usize = 1 << 18;
 use crate::session::{DeltaState, KvCache, LayerState, Session};
 use anyhow::{bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
@@ -204,21 +207,36 @@ impl Model {
     /// Run `tokens` through the model, advancing `s`. Returns logits per `want`
     /// (`All`: `T × vocab`, `Last`: `vocab`).
     pub fn forward(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        // Run on a rayon worker: the kernels' parallel sections then fork from inside the pool
+        // instead of each waking the pool from outside (one hand-off per call instead of ~100
+        // per token, which on 2 cores cost a third of SmolLM2's decode time).
+        if rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
+            return rayon::scope(|_| self.forward_here(s, tokens, want));
+        }
+        self.forward_here(s, tokens, want)
+    }
+
+    fn forward_here(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         let t = tokens.len();
         if t == 0 {
             bail!("forward called with no tokens");
         }
         let h = self.cfg.hidden_size;
+        let mut timer = crate::profile::start();
         let mut x = self.embed(tokens)?;
+        timer.stop(crate::profile::Part::Embed);
         for li in 0..self.layers.len() {
             self.forward_layer(li, &mut s.layers[li], &mut x, t, s.pos)?;
         }
         s.pos += t;
-        match want {
+        let mut timer = crate::profile::start();
+        let out = match want {
             Logits::None => Ok(Vec::new()),
             Logits::All => self.logits(&x, t),
             Logits::Last => self.logits(&x[(t - 1) * h..], 1),
-        }
+        };
+        timer.stop(crate::profile::Part::Head);
+        out
     }
 
     /// Embeddings of `tokens` (`T × hidden`).
@@ -249,24 +267,31 @@ impl Model {
         let h = self.cfg.hidden_size;
         let (zc, eps) = (self.cfg.norm_zero_centered, self.cfg.rms_eps);
         let layer = &self.layers[li];
+        let mut timer = crate::profile::start();
         let mut hbuf = vec![0f32; t * h];
         for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
             rmsnorm(xi, &layer.input_norm, eps, zc, hi);
         }
-        let m = match (&layer.mixer, st) {
-            (Mixer::Attention(a), LayerState::Attn(cache)) => self.attention(a, cache, &hbuf, t, pos0)?,
-            (Mixer::DeltaNet(d), LayerState::Delta(st)) => self.deltanet(d, st, &hbuf, t)?,
+        let (m, part) = match (&layer.mixer, st) {
+            (Mixer::Attention(a), LayerState::Attn(cache)) => {
+                (self.attention(a, cache, &hbuf, t, pos0)?, crate::profile::Part::Attention)
+            }
+            (Mixer::DeltaNet(d), LayerState::Delta(st)) => {
+                (self.deltanet(d, st, &hbuf, t)?, crate::profile::Part::DeltaNet)
+            }
             _ => bail!("session does not match the model at layer {li}"),
         };
         x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
+        timer.stop(part);
         for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
             rmsnorm(xi, &layer.post_norm, eps, zc, hi);
         }
-        let mut g = layer.mlp.gate.forward(&hbuf, t)?;
-        let u = layer.mlp.up.forward(&hbuf, t)?;
+        let [mut g, u]: [Vec<f32>; 2] =
+            Linear::forward_shared(&[&layer.mlp.gate, &layer.mlp.up], &hbuf, t)?.try_into().expect("two outputs");
         swiglu(&mut g, &u);
         let d = layer.mlp.down.forward(&g, t)?;
         x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        timer.stop(crate::profile::Part::Mlp);
         Ok(())
     }
 
@@ -287,9 +312,8 @@ impl Model {
     fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let qf = a.q.forward(hbuf, t)?;
-        let mut k = a.k.forward(hbuf, t)?;
-        let v = a.v.forward(hbuf, t)?;
+        let [qf, mut k, v]: [Vec<f32>; 3] =
+            Linear::forward_shared(&[&a.q, &a.k, &a.v], hbuf, t)?.try_into().expect("three outputs");
         let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate
         let mut q = vec![0f32; t * nh * hd];
         let mut gate = if cfg.attn_output_gate { vec![0f32; t * nh * hd] } else { Vec::new() };
@@ -325,14 +349,18 @@ impl Model {
         let mut out = vec![0f32; t * nh * hd];
         let row = cache.row;
         let (keys, values) = (&cache.k, &cache.v);
-        out.par_chunks_mut(hd).enumerate().for_each_init(
-            || vec![0f32; pos0 + t],
-            |scores, (idx, o)| {
-                let (i, head) = (idx / nh, idx % nh);
-                let qv = &q[idx * hd..(idx + 1) * hd];
-                attend(qv, keys, values, pos0 + i + 1, row, (head / group) * hd, scale, scores, o);
-            },
-        );
+        let one = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
+            let (i, head) = (idx / nh, idx % nh);
+            let qv = &q[idx * hd..(idx + 1) * hd];
+            attend(qv, keys, values, pos0 + i + 1, row, (head / group) * hd, scale, scores, o);
+        };
+        // Fork only when there is enough work to pay for it (not for decode at short context).
+        if (pos0 + t) * t * nh * hd >= PAR_MIN_MACS {
+            out.par_chunks_mut(hd).enumerate().for_each_init(|| vec![0f32; pos0 + t], one);
+        } else {
+            let mut scores = vec![0f32; pos0 + t];
+            out.chunks_mut(hd).enumerate().for_each(|item| one(&mut scores, item));
+        }
         if cfg.attn_output_gate {
             out.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= sigmoid(g));
         }
@@ -342,17 +370,15 @@ impl Model {
     fn deltanet(&self, d: &DeltaNet, st: &mut DeltaState, hbuf: &[f32], t: usize) -> Result<Vec<f32>> {
         let c: &DeltaNetConfig = self.cfg.deltanet.as_ref().unwrap();
         let (cd, kern) = (c.conv_dim(), c.conv_kernel);
-        let mixed = d.in_qkv.forward(hbuf, t)?;
-        let z = d.in_z.forward(hbuf, t)?;
-        let b = d.in_b.forward(hbuf, t)?;
-        let a = d.in_a.forward(hbuf, t)?;
+        let [mixed, z, b, a]: [Vec<f32>; 4] =
+            Linear::forward_shared(&[&d.in_qkv, &d.in_z, &d.in_b, &d.in_a], hbuf, t)?.try_into().expect("four outputs");
         // Causal depthwise conv over [state (kernel−1 rows) | new rows], then SiLU.
         let hist = kern - 1;
         let mut full = Vec::with_capacity((hist + t) * cd);
         full.extend_from_slice(&st.conv);
         full.extend_from_slice(&mixed);
         let mut conv = vec![0f32; t * cd];
-        conv.par_chunks_mut(cd).enumerate().for_each(|(i, out)| {
+        let conv_row = |(i, out): (usize, &mut [f32])| {
             for (ch, o) in out.iter_mut().enumerate() {
                 let w = &d.conv_w[ch * kern..(ch + 1) * kern];
                 let mut acc = 0f32;
@@ -361,7 +387,12 @@ impl Model {
                 }
                 *o = silu(acc);
             }
-        });
+        };
+        if t * cd * kern >= PAR_MIN_MACS {
+            conv.par_chunks_mut(cd).enumerate().for_each(conv_row);
+        } else {
+            conv.chunks_mut(cd).enumerate().for_each(conv_row);
+        }
         st.conv.copy_from_slice(&full[t * cd..]);
         let (nk, nv, dk, dv) = (c.num_k_heads, c.num_v_heads, c.k_head_dim, c.v_head_dim);
         let (kd, vd) = (c.key_dim(), c.value_dim());

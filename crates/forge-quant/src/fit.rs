@@ -22,6 +22,22 @@ pub fn f16_round(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
+/// Snap a fitted codebook onto the grid `f · q` (`f` a power of two, `q` integers in
+/// `[-127, 127]`, `f` as fine as the largest magnitude allows). The runtime's integer-dot kernels
+/// look such codebooks up as 8-bit integers with `pshufb` and stay exact; the grid step is at most
+/// 1/64 of the largest entry, well under the spacing of a 64-entry codebook, and the values
+/// remain FP16-exact.
+pub fn snap_codebook(codebook: &mut [f32]) {
+    let m = codebook.iter().fold(0f32, |a, v| a.max(v.abs()));
+    if m == 0.0 || !m.is_finite() {
+        return;
+    }
+    let f = 2f32.powi((m / 127.0).log2().ceil() as i32);
+    for c in codebook.iter_mut() {
+        *c = (*c / f).round().clamp(-127.0, 127.0) * f;
+    }
+}
+
 /// `n` standard normal samples (Box–Muller), for seeded random projections and tests.
 pub fn normal_samples(r: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)

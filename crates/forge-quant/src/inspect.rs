@@ -73,7 +73,11 @@ pub fn inspect(dir: &Path) -> Result<Report> {
     let mut export_bytes = 0u64;
     let mut embed_bytes = 0usize;
     for e in std::fs::read_dir(dir)? {
-        export_bytes += e?.metadata()?.len();
+        // Files only: a subdirectory (e.g. `forge synth`'s `source/`) is not export bytes.
+        let m = e?.metadata()?;
+        if m.is_file() {
+            export_bytes += m.len();
+        }
     }
     for file in &names {
         let path = dir.join(file);

@@ -1,5 +1,6 @@
 //! Forge quantization: codebook fitting, quantization methods, plans, exports, evaluation.
 pub mod calib;
+pub mod calib_gen;
 pub mod eval;
 pub mod export;
 pub mod fit;
@@ -10,3 +11,4 @@ pub mod plan;
 pub mod preset;
 pub mod quantize;
 pub mod quantize_matrix;
+pub mod synth;

@@ -273,10 +273,10 @@ impl Observer for StatsObserver {
     }
 }
 
-/// Calibration state: the hidden states entering the current layer, one per row.
+/// Calibration state: the hidden states entering the current layer, one per row (rows may differ
+/// in length: a row of `t` tokens holds `t × hidden` values).
 struct Calib {
     xs: Vec<Vec<f32>>,
-    t: usize,
     n_fit: usize,
 }
 
@@ -300,13 +300,15 @@ impl Calib {
             o
         });
         let fresh = forge_model::Session::new(&model.cfg);
+        let hidden = model.cfg.hidden_size;
         for r in 0..self.xs.len() {
             if let Some(o) = &obs {
                 o.lock().unwrap().holdout = r >= self.n_fit;
             }
             let mut st = fresh.layers[l].clone();
             let mut x = self.xs[r].clone();
-            model.forward_layer(l, &mut st, &mut x, self.t, 0)?;
+            let t = x.len() / hidden;
+            model.forward_layer(l, &mut st, &mut x, t, 0)?;
             if advance {
                 self.xs[r] = x;
             }
@@ -393,7 +395,7 @@ pub fn quantize(o: &Options) -> Result<Value> {
                 bail!("holding out {} of {} calibration rows leaves none to fit", c.holdout, rows.len());
             }
             let xs = rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>()?;
-            Some((Calib { xs, t: c.seq, n_fit: rows.len() - c.holdout }, rows))
+            Some((Calib { xs, n_fit: rows.len() - c.holdout }, rows))
         }
         (Method::Gptq, None) => bail!("GPTQ needs calibration data"),
         _ => None,
@@ -425,13 +427,13 @@ pub fn quantize(o: &Options) -> Result<Value> {
                     let mut s = model.new_session();
                     let mut x = c.xs[r].clone();
                     for l in 0..n_layers {
-                        model.forward_layer(l, &mut s.layers[l], &mut x, c.t, 0)?;
+                        model.forward_layer(l, &mut s.layers[l], &mut x, row.len(), 0)?;
                     }
                     let normed = final_norm_rows(&model, &x, row.len());
                     if r >= c.n_fit {
-                        st.hold.add(&normed, c.t)
+                        st.hold.add(&normed, row.len())
                     } else {
-                        st.fit.add(&normed, c.t)
+                        st.fit.add(&normed, row.len())
                     }
                 }
                 Some(st)
@@ -513,11 +515,12 @@ pub fn quantize(o: &Options) -> Result<Value> {
                 let h = model.cfg.hidden_size;
                 let mut st = InputStats { fit: Hessian::new(h), hold: Hessian::new(h) };
                 for (r, x) in c.xs.iter().enumerate() {
-                    let normed = final_norm_rows(&model, x, c.t);
+                    let t = x.len() / h;
+                    let normed = final_norm_rows(&model, x, t);
                     if r >= c.n_fit {
-                        st.hold.add(&normed, c.t)
+                        st.hold.add(&normed, t)
                     } else {
-                        st.fit.add(&normed, c.t)
+                        st.fit.add(&normed, t)
                     }
                 }
                 Some(st)

@@ -85,15 +85,14 @@ fn vectors(wn: &[f32], cout: usize, cin: usize, d: usize, col_w: Option<&[f32]>)
     (v, w)
 }
 
-/// Fit the format's codebook (`K × d`, FP16-exact) to normalized weights.
+/// Fit the format's codebook (`K × d`, FP16-exact, on the 8-bit grid of
+/// [`crate::fit::snap_codebook`]) to normalized weights.
 pub fn fit_codebook(wn: &[f32], cout: usize, cin: usize, format: Format, col_w: Option<&[f32]>, seed: u64) -> Vec<f32> {
     let (d, k) = (format.vec_dim(), format.entries());
     let (v, w) = vectors(wn, cout, cin, d, col_w);
-    if d == 1 {
-        fit_scalar(&v, w.as_deref(), k, seed)
-    } else {
-        fit_vector(&v, d, w.as_deref(), k, seed)
-    }
+    let mut cb = if d == 1 { fit_scalar(&v, w.as_deref(), k, seed) } else { fit_vector(&v, d, w.as_deref(), k, seed) };
+    crate::fit::snap_codebook(&mut cb);
+    cb
 }
 
 /// Chooses the representable value for a group of `d` normalized weights (GPTQ's rounder).
@@ -260,6 +259,8 @@ mod tests {
             assert_eq!(s, f16_round(rms));
         }
         assert!(m.codebook.iter().all(|&c| f16_round(c) == c));
+        // ... and on the 8-bit grid the integer-dot kernels need.
+        assert!(forge_kernels::lutmm::intdot::int8_codebook(&m.codebook).is_some());
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! export reproduces the quantizer's matrices bit for bit, runs the same logits as a dense model
 //! holding the reconstructed weights, and an interrupted run resumes to identical files.
 
+mod common;
+
 use forge_core::checkpoint::Checkpoint;
 use forge_kernels::lut::{Format, ALL_FORMATS};
 use forge_model::load::{load, load_with};
@@ -26,19 +28,7 @@ fn tokens(dir: &Path) -> Vec<u32> {
 }
 
 fn opts(src: &str, plan: Plan, out: &Path) -> Options {
-    Options {
-        source_arg: fixture(src).to_string_lossy().into(),
-        source: fixture(src),
-        plan,
-        method: Method::Rtn,
-        seed: 7,
-        output: out.to_path_buf(),
-        resume: false,
-        stop_before_layer: None,
-        calib: None,
-        aw: false,
-        lowrank: None,
-    }
+    common::rtn_options(&fixture(src).to_string_lossy(), fixture(src), plan, 7, out)
 }
 
 /// Dense linear holding the export's effective weight (original basis).
@@ -176,4 +166,44 @@ fn inspect_counts_bits_by_the_closed_form() {
     assert!(r.bits_per_weight_with_embedding > r.bits_per_weight);
     let disk: u64 = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert_eq!(r.export_bytes, disk);
+}
+
+#[test]
+fn gptq_calibrates_on_ids_rows_of_any_length() {
+    let toks = tokens(&fixture("qwen35_tiny_mm"));
+    let line = |r: &[u32]| r.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    let d = tmp("gptq-rows");
+    std::fs::create_dir_all(&d).unwrap();
+    let (stream, rows, ragged) = (d.join("stream.txt"), d.join("rows.txt"), d.join("ragged.txt"));
+    std::fs::write(&stream, line(&toks[..64])).unwrap();
+    let equal: Vec<String> = toks[..64].chunks(16).map(line).collect();
+    std::fs::write(&rows, format!("{}\n{}\n", forge_quant::calib::ROWS_HEADER, equal.join("\n"))).unwrap();
+    let (a, b, c) = (&toks[..30], &toks[30..37], &toks[10..70]);
+    std::fs::write(&ragged, format!("{}\n{}\n{}\n{}\n", forge_quant::calib::ROWS_HEADER, line(a), line(b), line(c)))
+        .unwrap();
+    let run = |spec: &Path, seq: usize, label: &str| {
+        let out = d.join(label);
+        // qwen35_tiny_mm has a tied head: the head's and the layers' calibration paths both run.
+        let mut o = opts("qwen35_tiny_mm", Plan::uniform(Format::Lut4), &out);
+        o.method = Method::Gptq;
+        o.calib = Some(forge_quant::calib::CalibConfig { spec: format!("ids={}", spec.display()), seq, holdout: 1 });
+        quantize(&o).unwrap_or_else(|e| panic!("{label}: {e:#}"));
+        out
+    };
+    // Equal-length rows read one per line calibrate exactly like the same tokens as a stream.
+    let (x, y) = (run(&stream, 16, "stream"), run(&rows, 16, "rows"));
+    for e in std::fs::read_dir(&x).unwrap() {
+        let n = e.unwrap().file_name();
+        if n.to_string_lossy().ends_with(".safetensors") {
+            assert!(std::fs::read(x.join(&n)).unwrap() == std::fs::read(y.join(&n)).unwrap(), "{n:?} differs");
+        }
+    }
+    // Rows of 30, 7 and 60 → 40 tokens: each row keeps its own length.
+    let z = run(&ragged, 40, "ragged");
+    let f = "layer_00.safetensors";
+    assert!(std::fs::read(y.join(f)).unwrap() != std::fs::read(z.join(f)).unwrap(), "calibration had no effect");
+    let m = load(&z).unwrap();
+    let mut s = m.model.new_session();
+    let logits = m.model.forward(&mut s, &toks[..8], Logits::Last).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()));
 }

@@ -22,6 +22,7 @@
 
 pub mod dense;
 mod int8;
+pub mod intdot;
 mod lut;
 mod vec2;
 
@@ -40,6 +41,14 @@ pub fn fast_path() -> bool {
 /// Switch between the fast kernels and the reference path process-wide.
 pub fn set_fast_path(on: bool) {
     FAST_PATH.store(on, Ordering::Relaxed)
+}
+
+static INT_DOT: AtomicBool = AtomicBool::new(true);
+
+/// Whether matrices packed from now on may use the integer-dot layout (default) or always the
+/// float tile layout (`forge bench --float-tiles`, for comparisons).
+pub fn set_int_dot(on: bool) {
+    INT_DOT.store(on, Ordering::Relaxed)
 }
 
 /// Lanes per tile.
@@ -78,12 +87,129 @@ enum Kind {
     Int8,
 }
 
-/// A LUT or INT8 matrix repacked for the kernels.
+/// A LUT or INT8 matrix repacked for the kernels: the integer-dot layout where the codebook
+/// allows it (see [`intdot`]), else the float tile layout.
 #[derive(Clone, Debug)]
 pub struct PackedMatrix {
     pub format: Format,
     pub cout: usize,
     pub cin: usize,
+    imp: Imp,
+}
+
+#[derive(Clone, Debug)]
+enum Imp {
+    Dot(intdot::DotMatrix),
+    Tiles(TileMatrix),
+}
+
+impl PackedMatrix {
+    /// Repack a LUT matrix (must be valid: see [`LutMatrix::validate`]).
+    pub fn from_lut(m: &LutMatrix) -> PackedMatrix {
+        let dot = if INT_DOT.load(Ordering::Relaxed) { intdot::DotMatrix::from_lut(m) } else { None };
+        let imp = match dot {
+            Some(d) => Imp::Dot(d),
+            None => Imp::Tiles(TileMatrix::from_lut(m)),
+        };
+        PackedMatrix { format: m.format, cout: m.cout, cin: m.cin, imp }
+    }
+
+    /// Repack an INT8 matrix.
+    pub fn from_int8(m: &Int8Matrix) -> PackedMatrix {
+        if !INT_DOT.load(Ordering::Relaxed) {
+            return Self::tiles_from_int8(m);
+        }
+        PackedMatrix { format: Format::Int8, cout: m.cout, cin: m.cin, imp: Imp::Dot(intdot::DotMatrix::from_int8(m)) }
+    }
+
+    /// The float tile layout even where the integer-dot one applies (benchmarks, tests).
+    pub fn tiles_from_lut(m: &LutMatrix) -> PackedMatrix {
+        PackedMatrix { format: m.format, cout: m.cout, cin: m.cin, imp: Imp::Tiles(TileMatrix::from_lut(m)) }
+    }
+
+    /// The float tile layout of an INT8 matrix.
+    pub fn tiles_from_int8(m: &Int8Matrix) -> PackedMatrix {
+        PackedMatrix { format: Format::Int8, cout: m.cout, cin: m.cin, imp: Imp::Tiles(TileMatrix::from_int8(m)) }
+    }
+
+    /// A matrix rebuilt from a compiled cache (see [`intdot::DotMatrix::from_parts`]).
+    pub fn from_dot(format: Format, d: intdot::DotMatrix) -> PackedMatrix {
+        PackedMatrix { format, cout: d.cout, cin: d.cin, imp: Imp::Dot(d) }
+    }
+
+    /// The integer-dot form, if this matrix has one (what a compiled cache stores).
+    pub fn as_dot(&self) -> Option<&intdot::DotMatrix> {
+        match &self.imp {
+            Imp::Dot(d) => Some(d),
+            Imp::Tiles(_) => None,
+        }
+    }
+
+    /// Whether the integer-dot kernels run this matrix.
+    pub fn is_int_dot(&self) -> bool {
+        matches!(self.imp, Imp::Dot(_))
+    }
+
+    /// Bytes the kernels read per call (indices, scales, codebook).
+    pub fn packed_bytes(&self) -> usize {
+        match &self.imp {
+            Imp::Dot(d) => d.packed_bytes(),
+            Imp::Tiles(t) => t.packed_bytes(),
+        }
+    }
+
+    /// `y = x Wᵀ` (`x`: `t × cin`, `y`: `t × cout`) with the fastest backend.
+    pub fn matmul(&self, x: &[f32], t: usize, y: &mut [f32]) {
+        self.matmul_with(Backend::best(), x, t, y)
+    }
+
+    /// `y = x Wᵀ` with a chosen backend (falls back to scalar when AVX2 is absent).
+    pub fn matmul_with(&self, backend: Backend, x: &[f32], t: usize, y: &mut [f32]) {
+        match &self.imp {
+            Imp::Dot(d) => d.matmul_with(backend == Backend::Avx2, x, t, y),
+            Imp::Tiles(m) => m.matmul_with(backend, x, t, y),
+        }
+    }
+}
+
+impl crate::matmul::RowSource for PackedMatrix {
+    fn n_in(&self) -> usize {
+        self.cin
+    }
+    fn n_out(&self) -> usize {
+        self.cout
+    }
+    fn decode(&self, r0: usize, n: usize, buf: &mut [f32]) {
+        match &self.imp {
+            Imp::Dot(d) => d.decode_rows(r0, n, buf),
+            Imp::Tiles(t) => t.decode_rows(r0, n, buf),
+        }
+    }
+}
+
+/// `ys[i] = x Wᵢᵀ` for matrices sharing one input: when all are integer-dot matrices the input is
+/// quantized once and all rows go out in one parallel dispatch; otherwise one call each.
+pub fn matmul_shared(ms: &[&PackedMatrix], x: &[f32], t: usize, ys: &mut [&mut [f32]]) {
+    let dots: Option<Vec<&intdot::DotMatrix>> = ms.iter().map(|m| m.as_dot()).collect();
+    match dots {
+        Some(d) if !d.is_empty() && t > 0 && d.iter().all(|m| m.cin == d[0].cin) => {
+            assert_eq!(x.len(), t * d[0].cin, "x has {} values, expected {t}×{}", x.len(), d[0].cin);
+            let qx = intdot::QuantX::new(x, t, d[0].cin);
+            intdot::matmul_many(Backend::best() == Backend::Avx2, &d, &qx, ys)
+        }
+        _ => {
+            for (m, y) in ms.iter().zip(ys.iter_mut()) {
+                m.matmul(x, t, y);
+            }
+        }
+    }
+}
+
+/// The float tile layout (module docs).
+#[derive(Clone, Debug)]
+struct TileMatrix {
+    cout: usize,
+    cin: usize,
     kind: Kind,
     /// Output rows per tile (8 or 16).
     rows_per_tile: usize,
@@ -99,9 +225,8 @@ pub struct PackedMatrix {
     table: Vec<f32>,
 }
 
-impl PackedMatrix {
-    /// Repack a LUT matrix (must be valid: see [`LutMatrix::validate`]).
-    pub fn from_lut(m: &LutMatrix) -> PackedMatrix {
+impl TileMatrix {
+    fn from_lut(m: &LutMatrix) -> TileMatrix {
         let (kind, bits) = match m.format {
             Format::Lut4 => (Kind::Lut(4), 4),
             Format::Lut3 => (Kind::Lut(3), 3),
@@ -129,20 +254,16 @@ impl PackedMatrix {
         };
         let idx = &m.idx;
         let cin = m.cin;
-        Self::build(m.format, kind, m.cout, cin, d, bits, &m.scale, table, |g, j| idx[g * cin + j] as u64)
+        Self::build(kind, m.cout, cin, d, bits, &m.scale, table, |g, j| idx[g * cin + j] as u64)
     }
 
-    /// Repack an INT8 matrix.
-    pub fn from_int8(m: &Int8Matrix) -> PackedMatrix {
+    fn from_int8(m: &Int8Matrix) -> TileMatrix {
         let (q, cin) = (&m.q, m.cin);
-        Self::build(Format::Int8, Kind::Int8, m.cout, cin, 1, 8, &m.scale, Vec::new(), |g, j| {
-            q[g * cin + j] as u8 as u64
-        })
+        Self::build(Kind::Int8, m.cout, cin, 1, 8, &m.scale, Vec::new(), |g, j| q[g * cin + j] as u8 as u64)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn build(
-        format: Format,
         kind: Kind,
         cout: usize,
         cin: usize,
@@ -151,7 +272,7 @@ impl PackedMatrix {
         scale: &[f32],
         table: Vec<f32>,
         get: impl Fn(usize, usize) -> u64 + Sync,
-    ) -> PackedMatrix {
+    ) -> TileMatrix {
         let n_groups = cout / d;
         let n_tiles = n_groups.div_ceil(LANES);
         let bpc = bits; // 8 lanes × bits = bits bytes
@@ -174,21 +295,14 @@ impl PackedMatrix {
         let rows_per_tile = LANES * d;
         let mut sc = scale.to_vec();
         sc.resize(n_tiles * rows_per_tile, 0.0);
-        PackedMatrix { format, cout, cin, kind, rows_per_tile, bytes_per_col: bpc, n_tiles, data, scale: sc, table }
+        TileMatrix { cout, cin, kind, rows_per_tile, bytes_per_col: bpc, n_tiles, data, scale: sc, table }
     }
 
-    /// Bytes the kernels read per call (indices, scales, codebook).
-    pub fn packed_bytes(&self) -> usize {
+    fn packed_bytes(&self) -> usize {
         self.data.len() + 4 * (self.scale.len() + self.table.len())
     }
 
-    /// `y = x Wᵀ` (`x`: `t × cin`, `y`: `t × cout`) with the fastest backend.
-    pub fn matmul(&self, x: &[f32], t: usize, y: &mut [f32]) {
-        self.matmul_with(Backend::best(), x, t, y)
-    }
-
-    /// `y = x Wᵀ` with a chosen backend (falls back to scalar when AVX2 is absent).
-    pub fn matmul_with(&self, backend: Backend, x: &[f32], t: usize, y: &mut [f32]) {
+    fn matmul_with(&self, backend: Backend, x: &[f32], t: usize, y: &mut [f32]) {
         let (cout, cin) = (self.cout, self.cin);
         assert_eq!(x.len(), t * cin, "x has {} values, expected {t}×{cin}", x.len());
         assert_eq!(y.len(), t * cout, "y has {} values, expected {t}×{cout}", y.len());
@@ -257,6 +371,30 @@ impl PackedMatrix {
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 self.tile_scalar(data, x, tc, out)
+            }
+        }
+    }
+
+    /// Decode output rows `r0..r0+n` to f32 (`n × cin`), exactly `scale · value`.
+    fn decode_rows(&self, r0: usize, n: usize, out: &mut [f32]) {
+        let (cin, bits) = (self.cin, self.bytes_per_col);
+        let d = self.rows_per_tile / LANES;
+        let mask = (1u64 << bits) - 1;
+        for (i, o) in out[..n * cin].chunks_mut(cin).enumerate() {
+            let r = r0 + i;
+            let (g, comp) = (r / d, r % d);
+            let (tile, k) = (g / LANES, g % LANES);
+            let data = &self.data[tile * cin * bits..];
+            for (j, x) in o.iter_mut().enumerate() {
+                let word = u64::from_le_bytes(data[j * bits..j * bits + 8].try_into().unwrap());
+                let idx = ((word >> (k * bits)) & mask) as usize;
+                let v = match self.kind {
+                    Kind::Lut(_) => self.table[idx],
+                    Kind::Int8 => idx as u8 as i8 as f32,
+                    Kind::Vec2x16 => self.table[16 * comp + idx],
+                    Kind::Vec2x64 => self.table[2 * idx + comp],
+                };
+                *x = self.scale[r] * v;
             }
         }
     }

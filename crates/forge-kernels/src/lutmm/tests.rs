@@ -28,6 +28,13 @@ fn random_lut(format: Format, cout: usize, cin: usize, rng: &mut Rng) -> LutMatr
     }
 }
 
+/// A LUT matrix whose codebook is 8-bit integers times 2⁻⁶ (the integer-dot layout).
+fn random_lut_int(format: Format, cout: usize, cin: usize, rng: &mut Rng) -> LutMatrix {
+    let mut m = random_lut(format, cout, cin, rng);
+    m.codebook.iter_mut().for_each(|c| *c = ((rng.next() % 256) as i32 - 128) as f32 / 64.0);
+    m
+}
+
 fn random_int8(cout: usize, cin: usize, rng: &mut Rng) -> Int8Matrix {
     Int8Matrix {
         cout,
@@ -51,6 +58,25 @@ fn check(label: &str, y: &[f32], r: &[f32], x: &[f32], w: &[f32], t: usize, cout
 
 const SHAPES: [(usize, usize); 8] = [(2, 1), (8, 8), (14, 5), (30, 37), (64, 64), (130, 70), (262, 129), (516, 33)];
 
+/// The integer-dot kernels write each activation as two 16-bit planes: `|x − x̂| ≤ max|x| · 2⁻³⁰`
+/// per element, so the scalar reference is within `Σ|w| · max|x| · 2⁻³⁰` (+ f32 rounding) of
+/// dense dequantize-then-matmul.
+#[allow(clippy::too_many_arguments)]
+fn check_quantized_x(label: &str, y: &[f32], r: &[f32], x: &[f32], w: &[f32], t: usize, cout: usize, cin: usize) {
+    for tt in 0..t {
+        let xr = &x[tt * cin..(tt + 1) * cin];
+        let xmax = xr.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for o in 0..cout {
+            let wr = &w[o * cin..(o + 1) * cin];
+            let l1: f32 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
+            let wl1: f32 = wr.iter().map(|v| v.abs()).sum();
+            let (a, b) = (y[tt * cout + o], r[tt * cout + o]);
+            let tol = wl1 * xmax / (1u64 << 30) as f32 + 1e-5 * (l1 + b.abs()) + 1e-30;
+            assert!((a - b).abs() <= tol, "{label} t={tt} o={o}: {a} vs {b} (tol {tol})");
+        }
+    }
+}
+
 fn run_all(label: &str, p: &PackedMatrix, w: &[f32], rng: &mut Rng) {
     let (cout, cin) = (p.cout, p.cin);
     for t in [1, 2, 3, 4, 5, 6, 7, 8, 9, 17] {
@@ -58,7 +84,11 @@ fn run_all(label: &str, p: &PackedMatrix, w: &[f32], rng: &mut Rng) {
         let r = matmul_ref(&x, t, w, cout, cin);
         let mut ys = vec![f32::NAN; t * cout];
         p.matmul_with(Backend::Scalar, &x, t, &mut ys);
-        check(&format!("{label} scalar vs dense"), &ys, &r, &x, w, t, cout, cin);
+        if p.is_int_dot() {
+            check_quantized_x(&format!("{label} scalar vs dense"), &ys, &r, &x, w, t, cout, cin);
+        } else {
+            check(&format!("{label} scalar vs dense"), &ys, &r, &x, w, t, cout, cin);
+        }
         if crate::simd::has_avx2_fma() {
             let mut ya = vec![f32::NAN; t * cout];
             p.matmul_with(Backend::Avx2, &x, t, &mut ya);
@@ -75,6 +105,7 @@ fn lut_kernels_match_scalar_reference_and_dense() {
             let m = random_lut(format, cout, cin, &mut rng);
             m.validate().unwrap();
             let p = PackedMatrix::from_lut(&m);
+            assert!(!p.is_int_dot());
             run_all(&format!("{format:?} {cout}x{cin}"), &p, &m.reconstruct(), &mut rng);
         }
     }
@@ -85,8 +116,58 @@ fn int8_kernels_match_scalar_reference_and_dense() {
     let mut rng = Rng(7);
     for (cout, cin) in SHAPES.into_iter().chain([(3, 11), (1, 1)]) {
         let m = random_int8(cout, cin, &mut rng);
-        let p = PackedMatrix::from_int8(&m);
-        run_all(&format!("int8 {cout}x{cin}"), &p, &m.reconstruct(), &mut rng);
+        let w = m.reconstruct();
+        run_all(&format!("int8 {cout}x{cin}"), &PackedMatrix::from_int8(&m), &w, &mut rng);
+        run_all(&format!("int8 tiles {cout}x{cin}"), &PackedMatrix::tiles_from_int8(&m), &w, &mut rng);
+    }
+}
+
+#[test]
+fn integer_dot_kernels_match_scalar_reference_and_dense() {
+    let mut rng = Rng(11);
+    let shapes = SHAPES.into_iter().chain([(64, 128), (34, 300), (6, 1000)]);
+    for (cout, cin) in shapes {
+        for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64] {
+            let m = random_lut_int(format, cout, cin, &mut rng);
+            m.validate().unwrap();
+            let p = PackedMatrix::from_lut(&m);
+            assert!(p.is_int_dot(), "{format:?} with an 8-bit codebook");
+            let w = m.reconstruct();
+            run_all(&format!("{format:?} int {cout}x{cin}"), &p, &w, &mut rng);
+            // The float tile kernels on the same matrix agree too.
+            run_all(&format!("{format:?} tiles {cout}x{cin}"), &PackedMatrix::tiles_from_lut(&m), &w, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn integer_codebooks_are_recognised_exactly() {
+    use intdot::int8_codebook;
+    let (f, q) = int8_codebook(&[0.5, -1.0, 0.25, 0.0]).unwrap();
+    assert_eq!(f, 2f32.powi(-7));
+    assert_eq!(q, vec![64, -128, 32, 0]);
+    let (f, q) = int8_codebook(&[127.0, -3.0]).unwrap();
+    assert_eq!((f, q), (1.0, vec![127, -3]));
+    assert_eq!(int8_codebook(&[254.0, 2.0]).unwrap(), (2.0, vec![127, 1]));
+    // 1/3 is no multiple of a power of two that keeps the largest value within 8 bits.
+    assert!(int8_codebook(&[1.0, 1.0 / 3.0]).is_none());
+    assert!(int8_codebook(&[255.0, 1.0]).is_none());
+    assert!(int8_codebook(&[f32::NAN]).is_none());
+}
+
+#[test]
+fn integer_dot_propagates_non_finite_inputs() {
+    let mut rng = Rng(5);
+    let m = random_lut_int(Format::Lut4, 16, 200, &mut rng);
+    let p = PackedMatrix::from_lut(&m);
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut x: Vec<f32> = (0..200).map(|_| rng.f()).collect();
+        x[150] = bad;
+        for backend in [Backend::Scalar, Backend::Avx2] {
+            let mut y = vec![0f32; 16];
+            p.matmul_with(backend, &x, 1, &mut y);
+            assert!(y.iter().all(|v| v.is_nan()), "{backend:?} {bad}: {y:?}");
+        }
     }
 }
 
@@ -100,12 +181,14 @@ fn extreme_indices_and_int8_values_decode() {
             format,
             cout,
             cin,
-            codebook: (0..k * d).map(|i| i as f32 + 1.0).collect(),
+            codebook: (0..k * d).map(|i| (i + 1) as f32 - (k * d / 2) as f32).collect(),
             idx: (0..cout / d * cin).map(|i| ((i * 5 + i / cin) % k) as u8).collect(),
             scale: vec![1.0; cout],
         };
-        let p = PackedMatrix::from_lut(&m);
+        let p = PackedMatrix::tiles_from_lut(&m);
         let w = m.reconstruct();
+        let dot = PackedMatrix::from_lut(&m);
+        assert_eq!(dot.is_int_dot(), !matches!(format, Format::Lut3 | Format::Lut2));
         for j in 0..cin {
             let mut x = vec![0f32; cin];
             x[j] = 1.0;
@@ -114,20 +197,29 @@ fn extreme_indices_and_int8_values_decode() {
                 p.matmul_with(backend, &x, 1, &mut y);
                 let col: Vec<f32> = (0..cout).map(|o| w[o * cin + j]).collect();
                 assert_eq!(y, col, "{format:?} {backend:?} column {j}");
+                // One-hot inputs are quantized exactly; only the f32 scale product rounds.
+                dot.matmul_with(backend, &x, 1, &mut y);
+                for (a, b) in y.iter().zip(&col) {
+                    assert!((a - b).abs() <= 1e-6 * b.abs(), "{format:?} {backend:?} int column {j}: {a} vs {b}");
+                }
             }
         }
     }
     let q: Vec<i8> = (0..8 * 4).map(|i| [-128i8, -127, 127, -1, 0, 1][i % 6]).collect();
     let m = Int8Matrix { cout: 8, cin: 4, q, scale: vec![1.0; 8] };
-    let p = PackedMatrix::from_int8(&m);
     let w = m.reconstruct();
-    for j in 0..4 {
-        let mut x = vec![0f32; 4];
-        x[j] = 1.0;
-        for backend in [Backend::Scalar, Backend::Avx2] {
-            let mut y = vec![0f32; 8];
-            p.matmul_with(backend, &x, 1, &mut y);
-            assert_eq!(y, (0..8).map(|o| w[o * 4 + j]).collect::<Vec<_>>(), "int8 {backend:?}");
+    for p in [PackedMatrix::tiles_from_int8(&m), PackedMatrix::from_int8(&m)] {
+        for j in 0..4 {
+            let mut x = vec![0f32; 4];
+            x[j] = 1.0;
+            for backend in [Backend::Scalar, Backend::Avx2] {
+                let mut y = vec![0f32; 8];
+                p.matmul_with(backend, &x, 1, &mut y);
+                for (o, &v) in y.iter().enumerate() {
+                    let e = w[o * 4 + j];
+                    assert!((v - e).abs() <= 1e-6 * e.abs(), "int8 {backend:?} column {j}: {v} vs {e}");
+                }
+            }
         }
     }
 }
@@ -146,4 +238,107 @@ fn large_matrix_parallel_path() {
     pool.install(|| p.matmul(&x, 2, &mut y2));
     assert_eq!(y1, y2);
     check("lut4 1000x1030", &y1, &matmul_ref(&x, 2, &m.reconstruct(), 1000, 1030), &x, &m.reconstruct(), 2, 1000, 1030);
+    // The same for the integer-dot layout, with enough rows for several passes.
+    for format in [Format::Lut4, Format::Vec2x64] {
+        let m = random_lut_int(format, 1000, 1030, &mut rng);
+        let p = PackedMatrix::from_lut(&m);
+        let x: Vec<f32> = (0..9 * 1030).map(|_| rng.f()).collect();
+        let mut y1 = vec![0f32; 9 * 1000];
+        p.matmul(&x, 9, &mut y1);
+        let mut y2 = vec![0f32; 9 * 1000];
+        pool.install(|| p.matmul(&x, 9, &mut y2));
+        assert_eq!(y1, y2);
+        let w = m.reconstruct();
+        check_quantized_x("int 1000x1030", &y1, &matmul_ref(&x, 9, &w, 1000, 1030), &x, &w, 9, 1000, 1030);
+    }
+}
+
+#[test]
+fn packed_layouts_decode_to_the_stored_weights_exactly() {
+    use crate::matmul::RowSource;
+    let mut rng = Rng(21);
+    for (cout, cin) in [(16, 40), (34, 300)] {
+        for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
+            let m = random_lut_int(format, cout, cin, &mut rng);
+            let w = m.reconstruct();
+            for p in [PackedMatrix::from_lut(&m), PackedMatrix::tiles_from_lut(&m)] {
+                let mut got = vec![f32::NAN; cout * cin];
+                p.decode(0, cout, &mut got);
+                assert_eq!(got, w, "{format:?} {cout}x{cin} int-dot={}", p.is_int_dot());
+                // A row range that starts mid-pair.
+                let mut part = vec![0f32; 3 * cin];
+                p.decode(5, 3, &mut part);
+                assert_eq!(part[..], w[5 * cin..8 * cin]);
+            }
+        }
+        let m = random_int8(cout, cin, &mut rng);
+        for p in [PackedMatrix::from_int8(&m), PackedMatrix::tiles_from_int8(&m)] {
+            let mut got = vec![0f32; cout * cin];
+            p.decode(0, cout, &mut got);
+            assert_eq!(got, m.reconstruct());
+        }
+    }
+}
+
+#[test]
+fn integer_dot_parts_round_trip_through_shared_memory() {
+    use intdot::{Blob, DotMatrix};
+    let mut rng = Rng(8);
+    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64] {
+        let m = random_lut_int(format, 34, 300, &mut rng);
+        let p = PackedMatrix::from_lut(&m);
+        let d = p.as_dot().unwrap();
+        let (layout, data, tables, scale) = d.parts();
+        let src: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> =
+            std::sync::Arc::new([vec![7u8; 5], data.to_vec()].concat());
+        let blob = Blob::Shared { src: src.clone(), offset: 5, len: data.len() };
+        let back =
+            PackedMatrix::from_dot(format, DotMatrix::from_parts(&layout, blob, &tables, scale.to_vec()).unwrap());
+        let x: Vec<f32> = (0..2 * 300).map(|_| rng.f()).collect();
+        let (mut y1, mut y2) = (vec![0f32; 68], vec![0f32; 68]);
+        p.matmul(&x, 2, &mut y1);
+        back.matmul(&x, 2, &mut y2);
+        assert_eq!(y1, y2, "{format:?}");
+        // Sizes are checked against the layout.
+        let short = Blob::Shared { src, offset: 5, len: data.len() - 1 };
+        let err = DotMatrix::from_parts(&layout, short, &tables, scale.to_vec()).unwrap_err().to_string();
+        assert!(err.contains("index data"), "{err}");
+        assert!(DotMatrix::from_parts(&layout, Blob::Owned(data.to_vec()), &tables[1..], scale.to_vec()).is_err());
+        let mut bad = layout.clone();
+        bad.kind = "lut5".into();
+        assert!(DotMatrix::from_parts(&bad, Blob::Owned(data.to_vec()), &tables, scale.to_vec()).is_err());
+    }
+}
+
+#[test]
+fn one_activation_plane_matches_scalar_and_the_16_bit_bound() {
+    use intdot::{matmul_many, QuantX};
+    let mut rng = Rng(31);
+    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64] {
+        for (cout, cin) in [(34, 300), (64, 1100)] {
+            let m = random_lut_int(format, cout, cin, &mut rng);
+            let p = PackedMatrix::from_lut(&m);
+            let d = p.as_dot().unwrap();
+            let w = m.reconstruct();
+            for t in [1, 3, 5] {
+                let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
+                let qx = QuantX::with_planes(&x, t, cin, 1);
+                let (mut ys, mut ya) = (vec![0f32; t * cout], vec![0f32; t * cout]);
+                matmul_many(false, &[d], &qx, &mut [&mut ys]);
+                matmul_many(true, &[d], &qx, &mut [&mut ya]);
+                check(&format!("{format:?} 1 plane avx2 vs scalar"), &ya, &ys, &x, &w, t, cout, cin);
+                // One plane: |x − x̂| ≤ max|x| / 65534 per element.
+                let r = matmul_ref(&x, t, &w, cout, cin);
+                for tt in 0..t {
+                    let xmax = x[tt * cin..(tt + 1) * cin].iter().fold(0f32, |a, v| a.max(v.abs()));
+                    for o in 0..cout {
+                        let wl1: f32 = w[o * cin..(o + 1) * cin].iter().map(|v| v.abs()).sum();
+                        let tol = wl1 * xmax / 65534.0 * 1.01 + 1e-4;
+                        let (a, b) = (ys[tt * cout + o], r[tt * cout + o]);
+                        assert!((a - b).abs() <= tol, "{format:?} t={tt} o={o}: {a} vs {b} (tol {tol})");
+                    }
+                }
+            }
+        }
+    }
 }

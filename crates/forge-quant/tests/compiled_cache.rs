@@ -1,0 +1,94 @@
+//! `forge compile`'s cache on a quantized tiny qwen3_5 fixture: the compiled export loads its
+//! integer-dot matrices from the mapped cache and computes bit-identical logits; a second
+//! compile reuses the cache; a cache from other weights or a damaged one is ignored, never used.
+
+mod common;
+
+use forge_kernels::lut::Format;
+use forge_model::compiled::{compile, CACHE_FILE};
+use forge_model::linear::Weight;
+use forge_model::load::load;
+use forge_model::Logits;
+use forge_quant::plan::{Basis, Plan};
+use forge_quant::quantize::quantize;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
+}
+
+fn tokens(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("tokens.txt")).unwrap().split_whitespace().map(|s| s.parse().unwrap()).collect()
+}
+
+fn logits(dir: &Path, toks: &[u32]) -> (Vec<f32>, usize, usize) {
+    let q = load(dir).unwrap();
+    let mut packed = 0;
+    let mut plain = 0;
+    for l in q.model.linears() {
+        match l.weight {
+            Weight::Packed(_) => packed += 1,
+            Weight::Lut(_) | Weight::Int8(_) => plain += 1,
+            Weight::Dense(_) => {}
+        }
+    }
+    let mut s = q.model.new_session();
+    let mut out = q.model.forward(&mut s, &toks[..10], Logits::All).unwrap();
+    for &t in &toks[10..16] {
+        out.extend(q.model.forward(&mut s, &[t], Logits::Last).unwrap());
+    }
+    (out, packed, plain)
+}
+
+#[test]
+fn compiled_cache_is_used_reused_and_checked() {
+    let src = fixture("qwen35_tiny");
+    let out = std::env::temp_dir().join(format!("forge-compiled-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut plan = Plan::uniform(Format::Lut4);
+    plan.mlp = Format::Vec2x64;
+    plan.kv = Format::Int8;
+    plan.mlp_basis = Basis::Online;
+    // One matrix in lut3, which keeps the float tile kernels and stays out of the cache.
+    plan.entries.insert("0.down".into(), "lut3".into());
+    let opts = common::rtn_options(&src.to_string_lossy(), src.clone(), plan, 3, &out);
+    quantize(&opts).unwrap();
+    let toks = tokens(&src);
+    let (before, packed0, plain0) = logits(&out, &toks);
+    assert_eq!(packed0, 0);
+
+    let r = compile(&out, false, &|_, _| {}).unwrap();
+    assert!(!r.reused);
+    assert_eq!((r.matrices + r.tiles, r.tiles), (plain0, 1));
+    let (after, packed, plain) = logits(&out, &toks);
+    assert_eq!((packed, plain), (plain0 - 1, 1), "every integer-dot matrix comes from the cache");
+    assert_eq!(before, after, "cached and freshly packed matrices compute the same logits");
+
+    let bytes = std::fs::read(out.join(CACHE_FILE)).unwrap();
+    let again = compile(&out, false, &|_, _| {}).unwrap();
+    assert!(again.reused);
+    assert_eq!(std::fs::read(out.join(CACHE_FILE)).unwrap(), bytes, "reused, not rewritten");
+    let forced = compile(&out, true, &|_, _| {}).unwrap();
+    assert!(!forced.reused);
+    assert_eq!(std::fs::read(out.join(CACHE_FILE)).unwrap(), bytes, "deterministic");
+
+    // Other weights: change one byte of a layer file's data; the fingerprint samples it.
+    let layer = out.join("layer_01.safetensors");
+    let orig = std::fs::read(&layer).unwrap();
+    let mut changed = orig.clone();
+    let n = changed.len();
+    changed[n - 1] ^= 1;
+    std::fs::write(&layer, &changed).unwrap();
+    let (_, packed, _) = logits(&out, &toks);
+    assert_eq!(packed, 0, "a cache from other weights is ignored");
+    std::fs::write(&layer, &orig).unwrap();
+
+    // A damaged cache is ignored too (with a warning), never a panic or a partial model.
+    std::fs::write(out.join(CACHE_FILE), &bytes[..bytes.len() / 2]).unwrap();
+    let (l, packed, _) = logits(&out, &toks);
+    assert_eq!(packed, 0);
+    assert_eq!(l, before);
+    std::fs::write(out.join(CACHE_FILE), b"\xff\xff\xff\xff\xff\xff\xff\x7f{").unwrap();
+    assert_eq!(logits(&out, &toks).1, 0);
+    let _ = std::fs::remove_dir_all(&out);
+}
