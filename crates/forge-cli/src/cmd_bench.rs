@@ -82,6 +82,7 @@ pub fn run(a: Args) -> Result<()> {
             "bandwidth_gb_s": bw,
             "bandwidth_fraction": eff(fast.decode) / bw,
             "pack_s": prepare_s,
+            "peak_rss_bytes": peak_rss(),
             "decode_split_ms_per_token": split.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "memory_bytes": {
                 "weights": mem.weights,
@@ -116,6 +117,9 @@ pub fn run(a: Args) -> Result<()> {
         );
         println!("read bandwidth   {bw:.2} GB/s ({} threads, {:.2} GiB buffer)", threads, a.bandwidth_gib);
         println!("packing          {prepare_s:.2} s");
+        if let Some(p) = peak_rss() {
+            println!("peak RSS         {:.2} GiB (mapped files count as they are touched)", gb(p as usize));
+        }
         let total: f64 = split.iter().map(|(_, v)| v).sum();
         let parts: Vec<String> =
             split.iter().map(|(k, v)| format!("{k} {v:.2} ms ({:.0} %)", 100.0 * v / total.max(1e-12))).collect();
@@ -129,6 +133,14 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), bytes.
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 struct Speeds {

@@ -105,3 +105,57 @@ fn bad_eval_input_is_one_line_errors() {
     );
     expect_error(&["eval", "ppl", "--model", "smollm2"], &["--text"]);
 }
+
+/// `--parts/--layers` ablations on a quantized SmolLM2: selecting no linear at all (SmolLM2 has
+/// no DeltaNet) is the teacher exactly (KL 0); selecting every linear is the full export (the
+/// same KL as without a filter); one part of a few layers lies strictly in between.
+#[test]
+fn kl_ablations_select_the_quantized_linears() {
+    let d = std::env::temp_dir().join(format!("forge-cli-ablate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let (refdir, export) = (d.join("ref"), d.join("q"));
+    let (ok, _, err) = forge(&[
+        "--threads",
+        "2",
+        "quantize",
+        "--model",
+        "smollm2",
+        "--format",
+        "lut4",
+        "--kv",
+        "lut4",
+        "--head",
+        "lut4",
+        "--rotate",
+        "mlp,mixer,head",
+        "--output",
+        export.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let dd = data_dir();
+    let win =
+        ["--data-dir", &dd, "--text", "eval/prose.txt:2000", "--ctx", "64", "--chunks", "1", "--score-from", "16"];
+    let mut args = vec!["--threads", "2", "eval", "reference", "--model", "smollm2", "--top-k", "32"];
+    args.extend(win);
+    args.extend(["--out", refdir.to_str().unwrap()]);
+    let (ok, _, err) = forge(&args);
+    assert!(ok, "{err}");
+    let kl = |extra: &[&str]| -> f64 {
+        let npy = d.join("kl.npy");
+        let mut args = vec!["--threads", "2", "eval", "kl", "--ref", refdir.to_str().unwrap()];
+        args.extend(["--model", export.to_str().unwrap(), "--kl-npy", npy.to_str().unwrap(), "--json"]);
+        args.extend(extra);
+        let (ok, out, err) = forge(&args);
+        assert!(ok, "{extra:?}: {err}");
+        let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+        s["kl"]["mean"].as_f64().unwrap()
+    };
+    let full = kl(&[]);
+    assert!(full > 0.0);
+    assert_eq!(kl(&["--parts", "gdn"]), 0.0, "no DeltaNet linears in SmolLM2: the teacher itself");
+    assert_eq!(kl(&["--parts", "mlp,attn,head", "--layers", "0-29"]), full, "everything selected");
+    let part = kl(&["--parts", "mlp", "--layers", "0-3"]);
+    assert!(part > 0.0 && part < full, "4 layers' MLPs: {part} vs all {full}");
+    let _ = std::fs::remove_dir_all(&d);
+}
