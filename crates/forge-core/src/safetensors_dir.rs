@@ -168,7 +168,8 @@ fn describe_truncation(buf: &[u8]) -> String {
     format!("the header describes more data than the file's {} bytes (truncated file?)", buf.len())
 }
 
-fn map_file(file: &File) -> std::io::Result<Mmap> {
+/// Map a file read-only (also used for Forge's compiled caches).
+pub fn map_file(file: &File) -> std::io::Result<Mmap> {
     // SAFETY: the mapping is read-only; the usual caveat of mmap (the file changing underneath)
     // applies to every loader of this kind and is documented for users.
     unsafe { Mmap::map(file) }

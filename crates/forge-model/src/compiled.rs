@@ -96,10 +96,10 @@ impl Compiled {
     /// Parse a cache file (header and bounds only; data stays mapped).
     pub fn open(path: &Path) -> Result<Compiled> {
         let f = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-        // SAFETY: the file is opened read-only and the cache is written atomically (temp file +
-        // rename), so the mapped bytes do not change under us unless someone edits the file
-        // in place, which Forge never does.
-        let map = unsafe { Mmap::map(&f) }.with_context(|| format!("{}: cannot map", path.display()))?;
+        // Read-only; the cache is written atomically (temp file + rename), so the mapped bytes
+        // change only if someone edits the file in place, which Forge never does.
+        let map =
+            forge_core::safetensors_dir::map_file(&f).with_context(|| format!("{}: cannot map", path.display()))?;
         if map.len() < 8 {
             bail!("{}: truncated (no header)", path.display());
         }
