@@ -3,8 +3,15 @@
 
 use crate::linear::Linear;
 
-/// Multiply-adds below which a section runs on the calling thread rather than forking.
-const PAR_MIN_MACS: usize = 1 << 18;
+/// Multiply-adds below which a section runs on the calling thread rather than forking. Low on
+/// purpose: keeping the other workers busy between matrix kernels keeps them from falling asleep
+/// (SmolLM2 lut4, 2 threads: decode 90–97 → 107–109 tok/s going from 2¹⁸ to 2¹²).
+const PAR_MIN_MACS: usize = 1 << 12;
+
+/// Whether a section of `macs` multiply-adds should fork.
+fn fork(macs: usize) -> bool {
+    macs >= PAR_MIN_MACS && rayon::current_num_threads() > 1
+}
 use crate::session::{DeltaState, KvCache, LayerState, Session};
 use anyhow::{bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
@@ -355,7 +362,7 @@ impl Model {
             attend(qv, keys, values, pos0 + i + 1, row, (head / group) * hd, scale, scores, o);
         };
         // Fork only when there is enough work to pay for it (not for decode at short context).
-        if (pos0 + t) * t * nh * hd >= PAR_MIN_MACS {
+        if fork((pos0 + t) * t * nh * hd) {
             out.par_chunks_mut(hd).enumerate().for_each_init(|| vec![0f32; pos0 + t], one);
         } else {
             let mut scores = vec![0f32; pos0 + t];
@@ -388,7 +395,7 @@ impl Model {
                 *o = silu(acc);
             }
         };
-        if t * cd * kern >= PAR_MIN_MACS {
+        if fork(t * cd * kern) {
             conv.par_chunks_mut(cd).enumerate().for_each(conv_row);
         } else {
             conv.chunks_mut(cd).enumerate().for_each(conv_row);
@@ -400,38 +407,39 @@ impl Model {
         let qscale = 1.0 / (dk as f32).sqrt();
         // Per value head: gather, normalize, run the delta rule.
         let rec = &mut st.rec;
-        let outs: Vec<Vec<f32>> = rec
-            .par_chunks_mut(dk * dv)
-            .enumerate()
-            .map(|(hv, state)| {
-                let hk = hv / ratio;
-                let mut q = vec![0f32; t * dk];
-                let mut k = vec![0f32; t * dk];
-                let mut v = vec![0f32; t * dv];
-                let mut g = vec![0f32; t];
-                let mut beta = vec![0f32; t];
-                for i in 0..t {
-                    let row = &conv[i * cd..(i + 1) * cd];
-                    let qi = &mut q[i * dk..(i + 1) * dk];
-                    qi.copy_from_slice(&row[hk * dk..(hk + 1) * dk]);
-                    l2norm_inplace(qi, 1e-6);
-                    qi.iter_mut().for_each(|x| *x *= qscale);
-                    let ki = &mut k[i * dk..(i + 1) * dk];
-                    ki.copy_from_slice(&row[kd + hk * dk..kd + (hk + 1) * dk]);
-                    l2norm_inplace(ki, 1e-6);
-                    v[i * dv..(i + 1) * dv].copy_from_slice(&row[2 * kd + hv * dv..2 * kd + (hv + 1) * dv]);
-                    beta[i] = sigmoid(b[i * nv + hv]);
-                    g[i] = -d.a_log[hv].exp() * softplus(a[i * nv + hv] + d.dt_bias[hv]);
-                }
-                let mut o = vec![0f32; t * dv];
-                if t == 1 {
-                    deltanet::recurrent_step(state, &q, &k, &v, g[0], beta[0], &mut o);
-                } else {
-                    deltanet::chunked(state, &q, &k, &v, &g, &beta, dk, dv, DELTANET_CHUNK, &mut o);
-                }
-                o
-            })
-            .collect();
+        let head = |(hv, state): (usize, &mut [f32])| {
+            let hk = hv / ratio;
+            let mut q = vec![0f32; t * dk];
+            let mut k = vec![0f32; t * dk];
+            let mut v = vec![0f32; t * dv];
+            let mut g = vec![0f32; t];
+            let mut beta = vec![0f32; t];
+            for i in 0..t {
+                let row = &conv[i * cd..(i + 1) * cd];
+                let qi = &mut q[i * dk..(i + 1) * dk];
+                qi.copy_from_slice(&row[hk * dk..(hk + 1) * dk]);
+                l2norm_inplace(qi, 1e-6);
+                qi.iter_mut().for_each(|x| *x *= qscale);
+                let ki = &mut k[i * dk..(i + 1) * dk];
+                ki.copy_from_slice(&row[kd + hk * dk..kd + (hk + 1) * dk]);
+                l2norm_inplace(ki, 1e-6);
+                v[i * dv..(i + 1) * dv].copy_from_slice(&row[2 * kd + hv * dv..2 * kd + (hv + 1) * dv]);
+                beta[i] = sigmoid(b[i * nv + hv]);
+                g[i] = -d.a_log[hv].exp() * softplus(a[i * nv + hv] + d.dt_bias[hv]);
+            }
+            let mut o = vec![0f32; t * dv];
+            if t == 1 {
+                deltanet::recurrent_step(state, &q, &k, &v, g[0], beta[0], &mut o);
+            } else {
+                deltanet::chunked(state, &q, &k, &v, &g, &beta, dk, dv, DELTANET_CHUNK, &mut o);
+            }
+            o
+        };
+        let outs: Vec<Vec<f32>> = if fork(nv * dk * dv * t) {
+            rec.par_chunks_mut(dk * dv).enumerate().map(head).collect()
+        } else {
+            rec.chunks_mut(dk * dv).enumerate().map(head).collect()
+        };
         let mut core = vec![0f32; t * vd];
         for (hv, o) in outs.iter().enumerate() {
             for i in 0..t {
