@@ -104,6 +104,16 @@ impl Export {
         }
     }
 
+    /// Tensor `{key}.{suffix}` of `file` as f32, checked against `shape`.
+    fn f32s(&self, file: &str, set: &SafetensorsSet, key: &str, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let ctx = || format!("{}: tensor '{key}.{suffix}'", self.dir.join(file).display());
+        let t = self.tensor(file, set, &format!("{key}.{suffix}"))?;
+        if t.shape != shape {
+            bail!("{}: has shape {:?}, expected {shape:?}", ctx(), t.shape);
+        }
+        t.to_f32_vec().with_context(ctx)
+    }
+
     fn tensor(&self, file: &str, set: &SafetensorsSet, name: &str) -> Result<HostTensor> {
         set.get(name)?.ok_or_else(|| anyhow!("{}: missing tensor '{name}'", self.dir.join(file).display()))
     }
@@ -218,13 +228,7 @@ impl Export {
         let path = self.dir.join(file);
         let has = |suffix: &str| set.contains(&format!("{key}.{suffix}"));
         let ctx = |what: &str| format!("{}: tensor '{key}.{what}'", path.display());
-        let f32s = |suffix: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            let t = self.tensor(file, set, &format!("{key}.{suffix}"))?;
-            if t.shape != shape {
-                bail!("{}: has shape {:?}, expected {shape:?}", ctx(suffix), t.shape);
-            }
-            t.to_f32_vec().with_context(|| ctx(suffix))
-        };
+        let f32s = |suffix: &str, shape: &[usize]| self.f32s(file, set, key, suffix, shape);
         let weight = if has("lut") {
             let lut = self.tensor(file, set, &format!("{key}.lut"))?;
             let format = self.lut_format(file, set, key, &lut)?;
@@ -276,13 +280,7 @@ impl Export {
         let path = self.dir.join(&file);
         let has = |suffix: &str| set.contains(&format!("{key}.{suffix}"));
         let ctx = |what: &str| format!("{}: tensor '{key}.{what}'", path.display());
-        let f32s = |suffix: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            let t = self.tensor(&file, set, &format!("{key}.{suffix}"))?;
-            if t.shape != shape {
-                bail!("{}: has shape {:?}, expected {shape:?}", ctx(suffix), t.shape);
-            }
-            t.to_f32_vec().with_context(|| ctx(suffix))
-        };
+        let f32s = |suffix: &str, shape: &[usize]| self.f32s(&file, set, &key, suffix, shape);
         let Some(weight) = self.weight(&file, set, &key, out_f, in_f, true)? else { return Ok(None) };
         let mut lin = Linear::with_weight(canonical, out_f, in_f, weight);
         if has("lr_a") || has("lr_b") {

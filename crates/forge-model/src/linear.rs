@@ -160,14 +160,15 @@ impl Linear {
                     matmul_xwt(xin, t, ws, self.out_f, self.in_f, &mut y)
                 }
             }
-            Weight::Lut(_) | Weight::Int8(_) | Weight::Packed(_)
-                if fast_path() && self.packed.get(&self.weight).is_some_and(|p| t < PACKED_MAX_T || p.is_int_dot()) =>
-            {
-                self.packed.get(&self.weight).expect("quantized weight").matmul(xin, t, &mut y)
-            }
-            Weight::Lut(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
-            Weight::Int8(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
-            Weight::Packed(p) => matmul_rows(xin, t, p.as_ref(), &mut y),
+            w => match self.packed.get(w).filter(|p| fast_path() && (t < PACKED_MAX_T || p.is_int_dot())) {
+                Some(p) => p.matmul(xin, t, &mut y),
+                None => match w {
+                    Weight::Lut(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
+                    Weight::Int8(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
+                    Weight::Packed(p) => matmul_rows(xin, t, p.as_ref(), &mut y),
+                    Weight::Dense(_) => unreachable!("dense weights are handled above"),
+                },
+            },
         }
         self.finish(x, t, &mut y);
         Ok(y)
@@ -179,21 +180,19 @@ impl Linear {
     /// one `forward` each. Same results either way.
     pub fn forward_shared(ls: &[&Linear], x: &[f32], t: usize) -> Result<Vec<Vec<f32>>> {
         let rot = |l: &Linear| l.rotation.as_ref().map(|r| r.describe());
-        let fusable = fast_path()
+        let shareable = fast_path()
             && ls.len() > 1
-            && ls.iter().all(|l| {
-                l.observer.is_none()
-                    && l.in_f == ls[0].in_f
-                    && rot(l) == rot(ls[0])
-                    && l.packed.get(&l.weight).is_some_and(|p| p.is_int_dot())
-            });
-        if !fusable {
+            && ls.iter().all(|l| l.observer.is_none() && l.in_f == ls[0].in_f && rot(l) == rot(ls[0]));
+        let packed: Option<Vec<Arc<PackedMatrix>>> = if shareable {
+            ls.iter().map(|l| l.packed.get(&l.weight).filter(|p| p.is_int_dot())).collect()
+        } else {
+            None
+        };
+        let Some(packed) = packed else {
             return ls.iter().map(|l| l.forward(x, t)).collect();
-        }
+        };
         let mut buf = Vec::new();
         let xin = ls[0].rotated_input(x, &mut buf);
-        let packed: Vec<Arc<PackedMatrix>> =
-            ls.iter().map(|l| l.packed.get(&l.weight).expect("integer-dot weight")).collect();
         let refs: Vec<&PackedMatrix> = packed.iter().map(|p| p.as_ref()).collect();
         let mut ys: Vec<Vec<f32>> = ls.iter().map(|l| vec![0f32; t * l.out_f]).collect();
         {

@@ -57,6 +57,17 @@ enum Kind {
 }
 
 impl Kind {
+    /// The integer-dot kind of a format, if it has one.
+    fn of(format: Format) -> Option<Kind> {
+        match format {
+            Format::Lut4 => Some(Kind::Lut4),
+            Format::Vec2x16 => Some(Kind::Vec2x16),
+            Format::Vec2x64 => Some(Kind::Vec2x64),
+            Format::Int8 => Some(Kind::Int8),
+            _ => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kind::Lut4 => "lut4",
@@ -364,12 +375,7 @@ impl DotMatrix {
     /// Pack a LUT matrix whose codebook is 8-bit integers times a power of two (None otherwise,
     /// or for lut2/lut3, which keep the float tile kernels).
     pub fn from_lut(m: &LutMatrix) -> Option<DotMatrix> {
-        let kind = match m.format {
-            Format::Lut4 => Kind::Lut4,
-            Format::Vec2x16 => Kind::Vec2x16,
-            Format::Vec2x64 => Kind::Vec2x64,
-            _ => return None,
-        };
+        let kind = Kind::of(m.format).filter(|&k| k != Kind::Int8)?;
         let (f, q) = int8_codebook(&m.codebook)?;
         let d = m.format.vec_dim();
         let comp = |c: usize, k0: usize| -> [i8; 16] { std::array::from_fn(|i| q[(k0 + i) * d + c]) };
@@ -457,13 +463,7 @@ impl DotMatrix {
     /// The layout a LUT matrix of this format and codebook packs to, if it takes the
     /// integer-dot kernels (see [`DotMatrix::from_lut`]).
     pub fn layout_for(format: Format, codebook: &[f32], cout: usize, cin: usize) -> Option<DotLayout> {
-        let kind = match format {
-            Format::Lut4 => Kind::Lut4,
-            Format::Vec2x16 => Kind::Vec2x16,
-            Format::Vec2x64 => Kind::Vec2x64,
-            Format::Int8 => Kind::Int8,
-            _ => return None,
-        };
+        let kind = Kind::of(format)?;
         if kind != Kind::Int8 {
             int8_codebook(codebook)?;
         }
