@@ -25,7 +25,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub const CACHE_FILE: &str = "packed.forgecache";
-const VERSION: &str = "1";
+const VERSION: &str = "2";
 /// Data starts on this boundary (the header is padded with spaces, as safetensors allows).
 const ALIGN: usize = 64;
 

@@ -14,14 +14,14 @@
 //! is stored as chunks of [`CHUNK`] = 32 input columns, column `j0 + m` being byte `m` of the
 //! decoded 32-byte vector:
 //! - lut4, vec2x16: 16 bytes, byte `b` = index of `m = b` (low nibble) and `m = 16 + b` (high).
-//! - vec2x64: those 16 bytes for the low 4 index bits, then 8 bytes for the top 2 bits: bits
-//!   `2q, 2q+1` of byte `r` belong to `m = 8q + r` (a broadcast and a 64-bit variable shift put
-//!   them in place).
+//! - vec2x64: those 16 bytes for the low 4 index bits, then 8 bytes for the top 2 bits: bit 5
+//!   of the index of `m = 8q + r` is bit `7 − 2q` of byte `r`, bit 4 is bit `6 − 2q` (a
+//!   broadcast and a 64-bit variable shift by `2q` bring both to the top of byte `m`).
 //! - int8: the 32 weights.
 //!
-//! The 64-entry vec2x64 tables use four 16-entry `pshufb` lookups summed with wrapping byte
-//! adds: table `k` holds `T_k − T_{k−1}` and is indexed with `i − 16k`, whose sign bit zeroes
-//! the lookup for indices below `16k`, so the sum telescopes to `T_{i/16}[i mod 16]`.
+//! A 64-entry vec2x64 table is four 16-entry tables: four `pshufb` lookups with the low index
+//! bits, then two byte blends pick by bit 4 and one by bit 5 (`vpblendvb` reads each byte's
+//! top bit, which is where the layout puts them).
 //! Rows past the input width are padded with index 0 against zero activations.
 
 use crate::lut::{Format, Int8Matrix, LutMatrix};
@@ -29,12 +29,19 @@ use rayon::prelude::*;
 
 /// Input columns per chunk.
 pub const CHUNK: usize = 32;
-/// Input columns sharing one activation scale (per plane: `|q| ≤ 32767`, `|w| ≤ 128`, so a
-/// 32-bit lane collects at most `XBLOCK / 8 · 128 · 32767 < 2³¹`).
-pub const XBLOCK: usize = 1024;
-/// Activation rows per kernel pass at most (more rows are processed in passes over an index row
-/// that stays in L1).
+/// Input columns sharing one activation scale. Per plane `|q| ≤ 32767` and `|w| ≤ 128`, so a
+/// whole block sums to at most `512 · 128 · 32767 < 2³¹`: the kernels total each block exactly
+/// in 32-bit integers before [`combine`] takes it to f32.
+pub const XBLOCK: usize = 512;
+/// Activation rows per pass of the scalar reference.
 pub const PASS_T: usize = 4;
+
+/// A block's contribution from its exact integer sums per plane: the one f32 step that the
+/// scalar reference and every SIMD kernel share, so that they agree bit for bit.
+#[inline(always)]
+pub(crate) fn combine(a1: i32, a2: i32, s1: f32, s2: f32) -> f32 {
+    s1 * a1 as f32 + s2 * a2 as f32
+}
 static PLANES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
 
 /// Activation planes for the integer kernels from now on: 2 (default; the fast path equals the
@@ -382,19 +389,8 @@ impl DotMatrix {
         let tables = match kind {
             Kind::Lut4 => vec![comp(0, 0)],
             Kind::Vec2x16 => vec![comp(0, 0), comp(1, 0)],
-            _ => (0..2)
-                .flat_map(|c| {
-                    (0..4).map(move |k| {
-                        let cur = comp(c, 16 * k);
-                        if k == 0 {
-                            cur
-                        } else {
-                            let prev = comp(c, 16 * (k - 1));
-                            std::array::from_fn(|i| cur[i].wrapping_sub(prev[i]))
-                        }
-                    })
-                })
-                .collect(),
+            // Per component, entries 0–15, 16–31, 32–47, 48–63.
+            _ => (0..2).flat_map(|c| (0..4).map(move |k| comp(c, 16 * k))).collect(),
         };
         let scale = m.scale.iter().map(|&s| s * f).collect();
         let (idx, cin) = (&m.idx, m.cin);
@@ -434,7 +430,8 @@ impl DotMatrix {
                             }
                             if kind == Kind::Vec2x64 {
                                 for m in 0..32 {
-                                    out[16 + m % 8] |= (at(j0 + m) >> 4) << (2 * (m / 8));
+                                    let (q, i) = (m / 8, at(j0 + m));
+                                    out[16 + m % 8] |= ((i >> 5) & 1) << (7 - 2 * q) | ((i >> 4) & 1) << (6 - 2 * q);
                                 }
                             }
                         }
@@ -533,6 +530,35 @@ impl DotMatrix {
     /// `y` must point to `qx.t × cout` values that no one else writes in these rows.
     unsafe fn rows(&self, simd: bool, g0: usize, n: usize, qx: &QuantX, y: OutPtr) {
         let nr = self.kind.rows();
+        if simd {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let a = avx2::Args {
+                    tables: self.tables.as_ptr() as *const i8,
+                    row: self.data.bytes()[g0 * self.row_bytes..].as_ptr(),
+                    row_bytes: self.row_bytes,
+                    n_rows: n,
+                    nchunks: self.cin_pad / CHUNK,
+                    cin_pad: self.cin_pad,
+                    t: qx.t,
+                    planes: qx.planes,
+                    xq: qx.q.as_ptr(),
+                    xs: qx.scale.as_ptr(),
+                    nblocks: qx.nblocks,
+                    scale: self.scale[g0 * nr..].as_ptr(),
+                    out: y.0.add(g0 * nr),
+                    out_t_stride: self.cout,
+                };
+                // SAFETY: AVX2 was detected by the caller; the index rows g0..g0+n lie in
+                // `data` (plus the 8 bytes of slack the vec2x64 load may touch), `xq` holds
+                // `t · 2 · cin_pad` values, `xs` `t · 2 · nblocks`, the tables what the kind
+                // reads, and `out` the rows g0·nr.. of `t` output rows (caller).
+                avx2::rows(self.kind, &a);
+                return;
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("no SIMD backend on this architecture");
+        }
         let pass = self.kind.pass_t();
         let mut tmp = [0f32; 2 * PASS_T];
         for t0 in (0..qx.t).step_by(pass) {
@@ -540,39 +566,12 @@ impl DotMatrix {
             let xq = &qx.q[t0 * 2 * qx.cin_pad..(t0 + tc) * 2 * qx.cin_pad];
             let xs = &qx.scale[t0 * 2 * qx.nblocks..(t0 + tc) * 2 * qx.nblocks];
             let out = y.0.add(t0 * self.cout);
-            if simd {
-                #[cfg(target_arch = "x86_64")]
-                {
-                    let a = avx2::Args {
-                        tables: self.tables.as_ptr() as *const i8,
-                        row: self.data.bytes()[g0 * self.row_bytes..].as_ptr(),
-                        row_bytes: self.row_bytes,
-                        n_rows: n,
-                        nchunks: self.cin_pad / CHUNK,
-                        cin_pad: self.cin_pad,
-                        xq: xq.as_ptr(),
-                        xs: xs.as_ptr(),
-                        nblocks: qx.nblocks,
-                        scale: self.scale[g0 * nr..].as_ptr(),
-                        out: out.add(g0 * nr),
-                        out_t_stride: self.cout,
-                    };
-                    // SAFETY: AVX2 was detected by the caller; the index rows g0..g0+n lie in
-                    // `data` (plus the 8 bytes of slack the vec2x64 load may touch), `xq` holds
-                    // `tc · 2 · cin_pad` values, `xs` `tc · 2 · nblocks`, the tables what the
-                    // kind reads, and `out` the rows g0·nr.. of `tc` output rows (caller).
-                    avx2::rows(self.kind, tc, qx.planes, &a);
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!("no SIMD backend on this architecture");
-            } else {
-                for g in g0..g0 + n {
-                    let row = &self.data.bytes()[g * self.row_bytes..];
-                    self.group_scalar(row, xq, xs, qx.nblocks, tc, &mut tmp);
-                    for tt in 0..tc {
-                        for v in 0..nr {
-                            *out.add(tt * self.cout + g * nr + v) = tmp[tt * nr + v] * self.scale[g * nr + v];
-                        }
+            for g in g0..g0 + n {
+                let row = &self.data.bytes()[g * self.row_bytes..];
+                self.group_scalar(row, xq, xs, qx.nblocks, tc, &mut tmp);
+                for tt in 0..tc {
+                    for v in 0..nr {
+                        *out.add(tt * self.cout + g * nr + v) = tmp[tt * nr + v] * self.scale[g * nr + v];
                     }
                 }
             }
@@ -585,7 +584,12 @@ impl DotMatrix {
         let p = &row[c * cb..(c + 1) * cb];
         let idx = |m: usize| -> usize {
             let lo = if m < 16 { p[m] & 15 } else { p[m - 16] >> 4 };
-            let hi = if self.kind == Kind::Vec2x64 { (p[16 + m % 8] >> (2 * (m / 8))) & 3 } else { 0 };
+            let hi = if self.kind == Kind::Vec2x64 {
+                let (b, q) = (p[16 + m % 8], m / 8);
+                ((b >> (7 - 2 * q)) & 1) << 1 | ((b >> (6 - 2 * q)) & 1)
+            } else {
+                0
+            };
             (lo | hi << 4) as usize
         };
         let mut w = [[0i8; 32]; 2];
@@ -600,9 +604,7 @@ impl DotMatrix {
                 Kind::Vec2x64 => {
                     let i = idx(m);
                     for (v, wv) in w.iter_mut().enumerate() {
-                        // Sum the difference tables up to block i/16.
-                        let t = &self.tables[4 * v..4 * v + 4];
-                        wv[m] = (0..=i / 16).fold(0i8, |a, k| a.wrapping_add(t[k][i % 16]));
+                        wv[m] = self.tables[4 * v + i / 16][i % 16];
                     }
                 }
             }
@@ -633,7 +635,8 @@ impl DotMatrix {
             for (t, a) in acc.iter().enumerate().take(tc) {
                 let sc = &xs[(t * nblocks + b) * 2..][..2];
                 for v in 0..nr {
-                    out[t * nr + v] += sc[0] * a[v][0] as f32 + sc[1] * a[v][1] as f32;
+                    // Exact: a block's sum fits in 32 bits (see XBLOCK).
+                    out[t * nr + v] += combine(a[v][0] as i32, a[v][1] as i32, sc[0], sc[1]);
                 }
             }
         }
@@ -642,36 +645,24 @@ impl DotMatrix {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Kind, CHUNK, XBLOCK};
+    //! Two kernels per kind. Decode (one activation row) looks weights up and multiplies them
+    //! in registers, two index rows at a time for the one-output kinds so that the activation
+    //! loads are shared. Several rows (verify, prefill) first expand a block of weights to
+    //! 16-bit vectors in an L1 buffer and then stream every activation row past it four at a
+    //! time, so the lookups are paid once per call and the loop is `pmaddwd`-bound.
+    //! Both close each block with an exact integer sum and [`super::combine`], the scalar
+    //! reference's own arithmetic, so they equal it bit for bit.
+    use super::{combine, Kind, CHUNK, XBLOCK};
     use std::arch::x86_64::*;
 
-    /// # Safety
-    /// AVX2 must be available and `a` describe valid buffers (see `DotMatrix::rows`).
-    pub(super) unsafe fn rows(kind: Kind, tc: usize, planes: usize, a: &Args) {
-        macro_rules! by_t {
-            ($f:ident) => {
-                match (tc, planes) {
-                    (1, 2) => $f::<1, 2>(a),
-                    (2, 2) => $f::<2, 2>(a),
-                    (3, 2) => $f::<3, 2>(a),
-                    (4, 2) => $f::<4, 2>(a),
-                    (1, 1) => $f::<1, 1>(a),
-                    (2, 1) => $f::<2, 1>(a),
-                    (3, 1) => $f::<3, 1>(a),
-                    (4, 1) => $f::<4, 1>(a),
-                    _ => unreachable!("integer kernels take 1..=4 rows and 1 or 2 planes"),
-                }
-            };
-        }
-        match kind {
-            Kind::Lut4 => by_t!(lut4),
-            Kind::Vec2x16 => by_t!(vec2x16),
-            Kind::Vec2x64 => by_t!(vec2x64),
-            Kind::Int8 => by_t!(int8),
-        }
-    }
+    const LUT4: u8 = 0;
+    const VEC16: u8 = 1;
+    const VEC64: u8 = 2;
+    const INT8: u8 = 3;
+    /// Chunks per activation block.
+    const PER_BLOCK: usize = XBLOCK / CHUNK;
 
-    /// One kernel call: `n_rows` index rows from `row` (`row_bytes` apart), `T` activation rows.
+    /// One kernel call: `n_rows` index rows from `row` (`row_bytes` apart), `t` activation rows.
     pub(super) struct Args {
         pub tables: *const i8,
         pub row: *const u8,
@@ -679,6 +670,8 @@ mod avx2 {
         pub n_rows: usize,
         pub nchunks: usize,
         pub cin_pad: usize,
+        pub t: usize,
+        pub planes: usize,
         pub xq: *const i16,
         pub xs: *const f32,
         pub nblocks: usize,
@@ -689,120 +682,263 @@ mod avx2 {
         pub out_t_stride: usize,
     }
 
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    /// # Safety
+    /// AVX2 must be available and `a` describe valid buffers (see `DotMatrix::rows`).
+    pub(super) unsafe fn rows(kind: Kind, a: &Args) {
+        macro_rules! go {
+            ($k:expr) => {
+                match (a.t, a.planes) {
+                    (1, 2) => decode_rows::<$k, 2>(a),
+                    (1, _) => decode_rows::<$k, 1>(a),
+                    (_, 2) => block_rows::<$k, 2>(a),
+                    _ => block_rows::<$k, 1>(a),
+                }
+            };
+        }
+        match kind {
+            Kind::Lut4 => go!(LUT4),
+            Kind::Vec2x16 => go!(VEC16),
+            Kind::Vec2x64 => go!(VEC64),
+            Kind::Int8 => go!(INT8),
+        }
     }
 
-    /// The shared loop: `$decode` turns the chunk at byte pointer `$p` into `NW` vectors of 32
-    /// signed weights; each is sign-extended to two 16-lane halves and multiplied with both
-    /// activation planes of every row; block sums are scaled into f32 accumulators.
-    macro_rules! dot_loop {
-        ($nw:literal, $t:ident, $planes:ident, $a:expr, $cb:expr, |$p:ident| $decode:block) => {{
-            let a: &Args = $a;
-            let zero = _mm256_setzero_si256();
-            let per_block = XBLOCK / CHUNK;
-            for r in 0..a.n_rows {
-                let row = a.row.add(r * a.row_bytes);
-                let mut accf = [[_mm256_setzero_ps(); $nw]; $t];
-                let mut c = 0usize;
-                for b in 0..a.nblocks {
-                    let cend = (c + per_block).min(a.nchunks);
-                    let mut acc1 = [[zero; $nw]; $t];
-                    let mut acc2 = [[zero; $nw]; $t];
-                    while c < cend {
-                        let $p = row.add(c * $cb);
-                        let w: [__m256i; $nw] = $decode;
-                        for v in 0..$nw {
-                            let s = _mm256_cmpgt_epi8(zero, w[v]);
-                            let lo = _mm256_unpacklo_epi8(w[v], s);
-                            let hi = _mm256_unpackhi_epi8(w[v], s);
-                            for t in 0..$t {
-                                let xp = a.xq.add(t * 2 * a.cin_pad + c * 2 * CHUNK) as *const __m256i;
-                                let p0 = _mm256_madd_epi16(lo, _mm256_loadu_si256(xp));
-                                let p1 = _mm256_madd_epi16(hi, _mm256_loadu_si256(xp.add(1)));
-                                acc1[t][v] = _mm256_add_epi32(acc1[t][v], _mm256_add_epi32(p0, p1));
-                                let r0 = _mm256_madd_epi16(lo, _mm256_loadu_si256(xp.add(2)));
-                                let r1 = _mm256_madd_epi16(hi, _mm256_loadu_si256(xp.add(3)));
-                                acc2[t][v] = _mm256_add_epi32(acc2[t][v], _mm256_add_epi32(r0, r1));
-                            }
-                        }
-                        c += 1;
-                    }
-                    for t in 0..$t {
-                        let s1 = _mm256_set1_ps(*a.xs.add((t * a.nblocks + b) * 2));
-                        let s2 = _mm256_set1_ps(*a.xs.add((t * a.nblocks + b) * 2 + 1));
-                        for v in 0..$nw {
-                            let f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc1[t][v]), s1, accf[t][v]);
-                            accf[t][v] =
-                                if $planes == 2 { _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc2[t][v]), s2, f) } else { f };
-                        }
-                    }
-                }
-                for t in 0..$t {
-                    for v in 0..$nw {
-                        let o = r * $nw + v;
-                        *a.out.add(t * a.out_t_stride + o) = hsum(accf[t][v]) * *a.scale.add(o);
-                    }
-                }
-            }
-        }};
+    /// Output rows per index row.
+    const fn nw(k: u8) -> usize {
+        if k == VEC16 || k == VEC64 {
+            2
+        } else {
+            1
+        }
+    }
+
+    const fn chunk_bytes(k: u8) -> usize {
+        match k {
+            VEC64 => 24,
+            INT8 => 32,
+            _ => 16,
+        }
+    }
+
+    /// The lookup tables and masks a kind needs, loaded once per call.
+    struct Tabs {
+        t: [__m256i; 8],
+        m15: __m256i,
+    }
+
+    #[inline(always)]
+    unsafe fn tabs(k: u8, tables: *const i8) -> Tabs {
+        let n = match k {
+            LUT4 => 1,
+            VEC16 => 2,
+            VEC64 => 8,
+            _ => 0,
+        };
+        let mut t = [_mm256_setzero_si256(); 8];
+        for (i, v) in t.iter_mut().enumerate().take(n) {
+            *v = _mm256_broadcastsi128_si256(_mm_loadu_si128(tables.add(16 * i) as *const __m128i));
+        }
+        Tabs { t, m15: _mm256_set1_epi8(15) }
     }
 
     /// Low nibbles then high nibbles of 16 bytes: the 32 4-bit indices in column order.
+    /// (A broadcast load and a per-lane variable shift: no cross-lane insert.)
     #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(v), v), _mm256_set1_epi8(15))
+    unsafe fn nibbles(p: *const u8, m15: __m256i) -> __m256i {
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), m15)
+    }
+
+    /// A 64-entry lookup: four 16-entry lookups with the low index bits, picked by bit 4 (top
+    /// bit of `b4`) and bit 5 (top bit of `b5`).
+    #[inline(always)]
+    unsafe fn look64(t: &[__m256i], lo: __m256i, b4: __m256i, b5: __m256i) -> __m256i {
+        let v01 = _mm256_blendv_epi8(_mm256_shuffle_epi8(t[0], lo), _mm256_shuffle_epi8(t[1], lo), b4);
+        let v23 = _mm256_blendv_epi8(_mm256_shuffle_epi8(t[2], lo), _mm256_shuffle_epi8(t[3], lo), b4);
+        _mm256_blendv_epi8(v01, v23, b5)
+    }
+
+    /// The chunk at `p` as `nw(K)` vectors of 32 signed weights in column order.
+    #[inline(always)]
+    unsafe fn weights<const K: u8>(p: *const u8, tb: &Tabs) -> [__m256i; 2] {
+        let zero = _mm256_setzero_si256();
+        match K {
+            LUT4 => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],
+            VEC16 => {
+                let i = nibbles(p, tb.m15);
+                [_mm256_shuffle_epi8(tb.t[0], i), _mm256_shuffle_epi8(tb.t[1], i)]
+            }
+            VEC64 => {
+                let hi = _mm256_set1_epi64x((p.add(16) as *const i64).read_unaligned());
+                // Bit 5 of each index to the top of its byte; one more shift brings bit 4.
+                let b5 = _mm256_sllv_epi64(hi, _mm256_setr_epi64x(0, 2, 4, 6));
+                let b4 = _mm256_slli_epi16::<1>(b5);
+                let lo = nibbles(p, tb.m15);
+                [look64(&tb.t[..4], lo, b4, b5), look64(&tb.t[4..], lo, b4, b5)]
+            }
+            _ => [_mm256_loadu_si256(p as *const __m256i), zero],
+        }
+    }
+
+    /// 32 signed bytes as two vectors of 16-bit values, in the in-lane unpack order that the
+    /// activations are stored in (see `xpos`).
+    #[inline(always)]
+    unsafe fn widen(w: __m256i) -> (__m256i, __m256i) {
+        let s = _mm256_cmpgt_epi8(_mm256_setzero_si256(), w);
+        (_mm256_unpacklo_epi8(w, s), _mm256_unpackhi_epi8(w, s))
+    }
+
+    /// Exact sum of the eight 32-bit lanes (a block's total fits in 32 bits: see `XBLOCK`).
+    #[inline(always)]
+    unsafe fn hsum(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// `acc + madd(lo, x[0]) + madd(hi, x[1])`.
+    #[inline(always)]
+    unsafe fn mac(acc: __m256i, lo: __m256i, hi: __m256i, x: *const __m256i) -> __m256i {
+        let p0 = _mm256_madd_epi16(lo, _mm256_loadu_si256(x));
+        let p1 = _mm256_madd_epi16(hi, _mm256_loadu_si256(x.add(1)));
+        _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1))
+    }
+
+    /// One activation row: lookups and products in registers, `R` index rows per pass for the
+    /// one-output kinds (two outputs in flight either way).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
+        let tb = tabs(K, a.tables);
+        let mut r = 0;
+        while r < a.n_rows {
+            // Four outputs in flight where the registers allow (two for vec2x64's tables).
+            if nw(K) == 1 && r + 4 <= a.n_rows {
+                decode_pass::<K, P, 4>(a, &tb, r);
+                r += 4;
+            } else if r + 2 <= a.n_rows && (nw(K) == 1 || K == VEC16) {
+                decode_pass::<K, P, 2>(a, &tb, r);
+                r += 2;
+            } else {
+                decode_pass::<K, P, 1>(a, &tb, r);
+                r += 1;
+            }
+        }
     }
 
     #[inline(always)]
-    unsafe fn table(t: *const i8) -> __m256i {
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(t as *const __m128i))
+    unsafe fn decode_pass<const K: u8, const P: usize, const R: usize>(a: &Args, tb: &Tabs, r0: usize) {
+        let cb = chunk_bytes(K);
+        let outs = R * nw(K);
+        let zero = _mm256_setzero_si256();
+        let mut out = [0f32; 4];
+        let mut c = 0usize;
+        for b in 0..a.nblocks {
+            let cend = (c + PER_BLOCK).min(a.nchunks);
+            let mut acc = [[zero; 2]; 4];
+            while c < cend {
+                let x = a.xq.add(c * 2 * CHUNK) as *const __m256i;
+                for rr in 0..R {
+                    let w = weights::<K>(a.row.add((r0 + rr) * a.row_bytes + c * cb), tb);
+                    for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                        let o = rr * nw(K) + v;
+                        let (lo, hi) = widen(wv);
+                        acc[o][0] = mac(acc[o][0], lo, hi, x);
+                        if P == 2 {
+                            acc[o][1] = mac(acc[o][1], lo, hi, x.add(2));
+                        }
+                    }
+                }
+                c += 1;
+            }
+            let (s1, s2) = (*a.xs.add(2 * b), *a.xs.add(2 * b + 1));
+            for o in 0..outs {
+                let a2 = if P == 2 { hsum(acc[o][1]) } else { 0 };
+                out[o] += combine(hsum(acc[o][0]), a2, s1, s2);
+            }
+        }
+        let o0 = r0 * nw(K);
+        for (o, v) in out.iter().enumerate().take(outs) {
+            *a.out.add(o0 + o) = v * *a.scale.add(o0 + o);
+        }
     }
 
+    /// Several activation rows: each block of a group of four output rows is expanded once to
+    /// 16-bit weights (8 KiB, stays in L1), then every activation row streams past it; the
+    /// four rows share each activation load, so the loop is bound by `pmaddwd`, not by
+    /// reading activations from L2.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn lut4<const T: usize, const P: usize>(a: &Args) {
-        let tab = table(a.tables);
-        dot_loop!(1, T, P, a, 16, |p| { [_mm256_shuffle_epi8(tab, nibbles(p))] })
+    unsafe fn block_rows<const K: u8, const P: usize>(a: &Args) {
+        let tb = tabs(K, a.tables);
+        let per_group = 4 / nw(K);
+        let mut r = 0;
+        while r < a.n_rows {
+            let n = per_group.min(a.n_rows - r);
+            match n * nw(K) {
+                4 => block_group::<K, P, 4>(a, &tb, r),
+                3 => block_group::<K, P, 3>(a, &tb, r),
+                2 => block_group::<K, P, 2>(a, &tb, r),
+                _ => block_group::<K, P, 1>(a, &tb, r),
+            }
+            r += n;
+        }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn vec2x16<const T: usize, const P: usize>(a: &Args) {
-        let (t0, t1) = (table(a.tables), table(a.tables.add(16)));
-        dot_loop!(2, T, P, a, 16, |p| {
-            let i = nibbles(p);
-            [_mm256_shuffle_epi8(t0, i), _mm256_shuffle_epi8(t1, i)]
-        })
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn vec2x64<const T: usize, const P: usize>(a: &Args) {
-        let d: [__m256i; 8] = std::array::from_fn(|k| table(a.tables.add(16 * k)));
-        let shifts = _mm256_setr_epi64x(0, 2, 4, 6);
-        let (three, s16, s32, s48) =
-            (_mm256_set1_epi8(3), _mm256_set1_epi8(16), _mm256_set1_epi8(32), _mm256_set1_epi8(48));
-        dot_loop!(2, T, P, a, 24, |p| {
-            let hi = _mm256_set1_epi64x((p.add(16) as *const i64).read_unaligned());
-            let hi = _mm256_and_si256(_mm256_srlv_epi64(hi, shifts), three);
-            let i0 = _mm256_or_si256(nibbles(p), _mm256_slli_epi16::<4>(hi));
-            let (i1, i2, i3) = (_mm256_sub_epi8(i0, s16), _mm256_sub_epi8(i0, s32), _mm256_sub_epi8(i0, s48));
-            [look64(&d[..4], i0, i1, i2, i3), look64(&d[4..], i0, i1, i2, i3)]
-        })
-    }
-
-    /// Sum of the four difference-table lookups (see the module docs).
+    /// `NO` output rows from index row `r0` on, for every activation row.
     #[inline(always)]
-    unsafe fn look64(d: &[__m256i], i0: __m256i, i1: __m256i, i2: __m256i, i3: __m256i) -> __m256i {
-        let s01 = _mm256_add_epi8(_mm256_shuffle_epi8(d[0], i0), _mm256_shuffle_epi8(d[1], i1));
-        let s23 = _mm256_add_epi8(_mm256_shuffle_epi8(d[2], i2), _mm256_shuffle_epi8(d[3], i3));
-        _mm256_add_epi8(s01, s23)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn int8<const T: usize, const P: usize>(a: &Args) {
-        dot_loop!(1, T, P, a, 32, |p| { [_mm256_loadu_si256(p as *const __m256i)] })
+    unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb: &Tabs, r0: usize) {
+        let cb = chunk_bytes(K);
+        let zero = _mm256_setzero_si256();
+        let o0 = r0 * nw(K);
+        // Per output row, per chunk: the low and high 16-lane halves.
+        let mut wbuf = [zero; 4 * 2 * PER_BLOCK];
+        for t in 0..a.t {
+            for o in 0..NO {
+                *a.out.add(t * a.out_t_stride + o0 + o) = 0.0;
+            }
+        }
+        let mut c0 = 0usize;
+        for b in 0..a.nblocks {
+            let nc = (c0 + PER_BLOCK).min(a.nchunks) - c0;
+            for i in 0..NO.div_ceil(nw(K)) {
+                let row = a.row.add((r0 + i) * a.row_bytes);
+                for c in 0..nc {
+                    let w = weights::<K>(row.add((c0 + c) * cb), tb);
+                    for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                        let o = i * nw(K) + v;
+                        if o < NO {
+                            let (lo, hi) = widen(wv);
+                            wbuf[(o * PER_BLOCK + c) * 2] = lo;
+                            wbuf[(o * PER_BLOCK + c) * 2 + 1] = hi;
+                        }
+                    }
+                }
+            }
+            for t in 0..a.t {
+                let mut acc = [[zero; 2]; NO];
+                let xt = a.xq.add(t * 2 * a.cin_pad + c0 * 2 * CHUNK) as *const __m256i;
+                for c in 0..nc {
+                    let x = xt.add(4 * c);
+                    for (o, ao) in acc.iter_mut().enumerate() {
+                        let w = wbuf.as_ptr().add((o * PER_BLOCK + c) * 2);
+                        ao[0] = mac(ao[0], *w, *w.add(1), x);
+                        if P == 2 {
+                            ao[1] = mac(ao[1], *w, *w.add(1), x.add(2));
+                        }
+                    }
+                }
+                let xs = a.xs.add((t * a.nblocks + b) * 2);
+                for (o, ao) in acc.iter().enumerate() {
+                    let a2 = if P == 2 { hsum(ao[1]) } else { 0 };
+                    *a.out.add(t * a.out_t_stride + o0 + o) += combine(hsum(ao[0]), a2, *xs, *xs.add(1));
+                }
+            }
+            c0 += nc;
+        }
+        for t in 0..a.t {
+            for o in 0..NO {
+                *a.out.add(t * a.out_t_stride + o0 + o) *= *a.scale.add(o0 + o);
+            }
+        }
     }
 }

@@ -1,0 +1,76 @@
+//! Microbenchmarks of the integer-dot matrix kernels: each format at decode (T = 1) and verify
+//! (T = 8) on SmolLM2's MLP shape and a 27B-sized slice, SIMD against the scalar reference on
+//! the same packed data, activations quantized outside the timed loop.
+//!
+//! `cargo bench -p forge-kernels --bench kernels` (divan prints time and bytes/s per case; the
+//! ratio SIMD ÷ scalar is the speedup). `forge bench --kernels` gives the same comparison as one
+//! table with the machine's read bandwidth measured next to it.
+
+use divan::counter::BytesCount;
+use divan::Bencher;
+use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
+use forge_kernels::lutmm::intdot::{matmul_many, DotMatrix, QuantX};
+
+fn main() {
+    divan::main();
+}
+
+/// `(cout, cin)`: SmolLM2's MLP up projection, and a 27B-shaped slice (hidden 5120).
+const SHAPES: [(usize, usize); 2] = [(1536, 576), (4096, 5120)];
+const FORMATS: [&str; 4] = ["lut4", "vec2x16", "vec2x64", "int8"];
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+}
+
+/// A random matrix of the format, packed, with its codebook on the 8-bit grid.
+fn matrix(format: &str, cout: usize, cin: usize) -> DotMatrix {
+    let f = Format::parse(format).expect("format");
+    let mut r = Lcg(0x5eed);
+    if f == Format::Int8 {
+        let q = (0..cout * cin).map(|_| r.next() as u8 as i8).collect();
+        return DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] });
+    }
+    let (d, k) = (f.vec_dim(), f.entries());
+    let m = LutMatrix {
+        format: f,
+        cout,
+        cin,
+        codebook: (0..k * d).map(|i| ((i as f32 * 0.37).sin() * 64.0).round() / 64.0).collect(),
+        idx: (0..cout / d * cin).map(|_| (r.next() % k as u32) as u8).collect(),
+        scale: vec![0.5; cout],
+    };
+    DotMatrix::from_lut(&m).expect("codebook on the 8-bit grid")
+}
+
+fn run(b: Bencher, format: &str, shape: (usize, usize), t: usize, simd: bool) {
+    let (cout, cin) = shape;
+    let m = matrix(format, cout, cin);
+    let mut r = Lcg(7);
+    let x: Vec<f32> = (0..t * cin).map(|_| (r.next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let qx = QuantX::new(&x, t, cin);
+    let mut y = vec![0f32; t * cout];
+    b.counter(BytesCount::new(m.packed_bytes())).bench_local(|| {
+        matmul_many(simd, &[&m], &qx, &mut [&mut y]);
+        divan::black_box(&y);
+    });
+}
+
+#[divan::bench(args = FORMATS, consts = [0, 1])]
+fn decode_simd<const S: usize>(b: Bencher, format: &str) {
+    run(b, format, SHAPES[S], 1, true)
+}
+
+#[divan::bench(args = FORMATS, consts = [0, 1], sample_count = 10)]
+fn decode_scalar<const S: usize>(b: Bencher, format: &str) {
+    run(b, format, SHAPES[S], 1, false)
+}
+
+#[divan::bench(args = FORMATS, consts = [0, 1])]
+fn verify8_simd<const S: usize>(b: Bencher, format: &str) {
+    run(b, format, SHAPES[S], 8, true)
+}
