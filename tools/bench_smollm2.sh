@@ -4,6 +4,7 @@
 # (`--act16`), plus llama.cpp's llama-bench on the same machine in the same run when LLAMA_BENCH
 # and GGUF files are given. JSON per run in OUT_DIR; tools/collect_bench.py makes the table.
 #   LLAMA_BENCH=path/llama-bench GGUFS="a.gguf b.gguf" bash tools/bench_smollm2.sh RUN_DIR OUT_DIR
+# THREADS="2" limits the thread counts (default "1 2").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run=${1:?usage: bench_smollm2.sh RUN_DIR OUT_DIR}
@@ -16,7 +17,7 @@ for d in "$run"/sp-*; do
   $forge compile --model "$d" > /dev/null
   models+=("$d")
 done
-for th in 1 2; do
+for th in ${THREADS:-1 2}; do
   if [ -n "${LLAMA_BENCH:-}" ]; then
     for g in ${GGUFS:-}; do
       "$LLAMA_BENCH" -m "$g" -t "$th" -p 64 -n 64 -r 5 -o json > "$out/llama-$(basename "$g" .gguf)-t$th.json"

@@ -70,27 +70,35 @@ impl Compiled {
     /// cache is reported on stderr and ignored.
     pub fn open_for(ex: &Export) -> Result<Option<Compiled>> {
         let path = ex.dir.join(CACHE_FILE);
+        match Self::current(ex)? {
+            Ok(c) => Ok(Some(c)),
+            Err(None) => Ok(None),
+            Err(Some(why)) => {
+                eprintln!("warning: ignoring {}: {why} (rebuild it with `forge compile`)", path.display());
+                Ok(None)
+            }
+        }
+    }
+
+    /// The export's cache if it is current; else why not (`None`: there is none).
+    fn current(ex: &Export) -> Result<std::result::Result<Compiled, Option<String>>> {
+        let path = ex.dir.join(CACHE_FILE);
         if !path.exists() {
-            return Ok(None);
+            return Ok(Err(None));
         }
         let c = match Compiled::open(&path) {
             Ok(c) => c,
-            Err(e) => {
-                eprintln!("warning: ignoring {}: {e:#} (rebuild with `forge compile --force`)", path.display());
-                return Ok(None);
-            }
+            Err(e) => return Ok(Err(Some(format!("{e:#}")))),
         };
-        let want = fingerprint(ex)?;
-        if c.metadata.get("fingerprint") != Some(&want)
-            || c.metadata.get("version").map(String::as_str) != Some(VERSION)
-        {
-            eprintln!(
-                "warning: ignoring {}: it was compiled from other weights (rebuild with `forge compile --force`)",
-                path.display()
-            );
-            return Ok(None);
+        if c.metadata.get("version").map(String::as_str) != Some(VERSION) {
+            return Ok(Err(Some(format!(
+                "it has the layout of another Forge version (cache version {VERSION} expected)"
+            ))));
         }
-        Ok(Some(c))
+        if c.metadata.get("fingerprint") != Some(&fingerprint(ex)?) {
+            return Ok(Err(Some("it was compiled from other weights".into())));
+        }
+        Ok(Ok(c))
     }
 
     /// Parse a cache file (header and bounds only; data stays mapped).
@@ -190,7 +198,8 @@ pub fn compile(dir: &Path, force: bool, progress: &dyn Fn(usize, usize)) -> Resu
     let ex = Export::open(dir)?;
     let path = dir.join(CACHE_FILE);
     if !force {
-        if let Some(c) = Compiled::open_for(&ex)? {
+        // A stale or damaged cache is simply rebuilt.
+        if let Ok(c) = Compiled::current(&ex)? {
             let bytes = std::fs::metadata(&path)?.len();
             return Ok(CompileReport { matrices: c.len(), tiles: 0, bytes, reused: true });
         }

@@ -36,10 +36,11 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
         let p = l.packed.get(&l.weight).expect("quantized");
         assert!(p.is_int_dot(), "{} ({}) is not on the integer-dot kernels", l.name, p.format.name());
     }
-    let text = "The capital of France is Paris. def add(a, b):\n    return a + b\n";
+    let text = "The capital of France is Paris, and the capital of Italy is Rome. def add(a, b):\n    return a + b\n";
     let tok = q.tokenizer.as_ref().expect("tokenizer");
     let toks: Vec<u32> = tok.encode(text, false).unwrap();
-    assert!(toks.len() >= 20, "{} tokens", toks.len());
+    // The prefill block must be long enough for the f32 GEMM path.
+    assert!(toks.len() >= lutmm::intdot::GEMM_MIN_T + 5, "{} tokens", toks.len());
     let v = q.model.cfg.vocab_size;
 
     lutmm::set_fast_path(false);
@@ -55,7 +56,7 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
         assert!(e < 1e-3, "token {i}: max |Δlogit| {e}");
         assert_eq!(argmax(&row), argmax(want), "argmax at token {i}");
     }
-    // A verify-sized block (T = 5) and a prefill through the same kernels.
+    // A prefill block (T ≥ GEMM_MIN_T: decoded panels and f32 GEMM) and a verify-sized block (T = 5).
     let mut s = q.model.new_session();
     let head = q.model.forward(&mut s, &toks[..toks.len() - 5], Logits::All).unwrap();
     let tail = q.model.forward(&mut s, &toks[toks.len() - 5..], Logits::All).unwrap();

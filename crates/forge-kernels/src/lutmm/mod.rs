@@ -194,8 +194,12 @@ pub fn matmul_shared(ms: &[&PackedMatrix], x: &[f32], t: usize, ys: &mut [&mut [
     match dots {
         Some(d) if !d.is_empty() && t > 0 && d.iter().all(|m| m.cin == d[0].cin) => {
             assert_eq!(x.len(), t * d[0].cin, "x has {} values, expected {t}×{}", x.len(), d[0].cin);
+            let simd = Backend::best() == Backend::Avx2;
+            if simd && t >= intdot::GEMM_MIN_T {
+                return intdot::gemm_many(simd, &d, x, t, ys);
+            }
             let qx = intdot::QuantX::new(x, t, d[0].cin);
-            intdot::matmul_many(Backend::best() == Backend::Avx2, &d, &qx, ys)
+            intdot::matmul_many(simd, &d, &qx, ys)
         }
         _ => {
             for (m, y) in ms.iter().zip(ys.iter_mut()) {

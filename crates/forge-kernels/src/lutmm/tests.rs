@@ -79,7 +79,7 @@ fn check_quantized_x(label: &str, y: &[f32], r: &[f32], x: &[f32], w: &[f32], t:
 
 fn run_all(label: &str, p: &PackedMatrix, w: &[f32], rng: &mut Rng) {
     let (cout, cin) = (p.cout, p.cin);
-    for t in [1, 2, 3, 4, 5, 6, 7, 8, 9, 17] {
+    for t in [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 40] {
         let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
         let r = matmul_ref(&x, t, w, cout, cin);
         let mut ys = vec![f32::NAN; t * cout];
@@ -92,7 +92,7 @@ fn run_all(label: &str, p: &PackedMatrix, w: &[f32], rng: &mut Rng) {
         if crate::simd::has_avx2_fma() {
             let mut ya = vec![f32::NAN; t * cout];
             p.matmul_with(Backend::Avx2, &x, t, &mut ya);
-            if p.is_int_dot() {
+            if p.is_int_dot() && t < intdot::GEMM_MIN_T {
                 // Exact integer block sums and one shared f32 step: identical bits.
                 for (i, (a, b)) in ya.iter().zip(&ys).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{label} t={t} avx2 vs scalar, value {i}: {a} vs {b}");
@@ -346,6 +346,27 @@ fn one_activation_plane_matches_scalar_and_the_16_bit_bound() {
                         assert!((a - b).abs() <= tol, "{format:?} t={tt} o={o}: {a} vs {b} (tol {tol})");
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_decode_equals_scalar_decode() {
+    let mut rng = Rng(23);
+    for (cout, cin) in [(2, 1), (6, 33), (16, 64), (10, 100), (34, 300)] {
+        let mut mats: Vec<intdot::DotMatrix> = [Format::Lut4, Format::Vec2x16, Format::Vec2x64]
+            .into_iter()
+            .map(|f| intdot::DotMatrix::from_lut(&random_lut_int(f, cout, cin, &mut rng)).unwrap())
+            .collect();
+        mats.push(intdot::DotMatrix::from_int8(&random_int8(cout, cin, &mut rng)));
+        for m in &mats {
+            for (r0, n) in [(0, cout), (cout - 2, 2)] {
+                let mut a = vec![f32::NAN; n * cin];
+                let mut b = vec![f32::NAN; n * cin];
+                m.decode_rows(r0, n, &mut a);
+                m.decode_rows_with(true, r0, n, &mut b);
+                assert_eq!(a, b, "{cout}x{cin} rows {r0}+{n}");
             }
         }
     }
