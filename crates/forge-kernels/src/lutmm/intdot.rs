@@ -555,7 +555,7 @@ impl DotMatrix {
         let nr = self.kind.rows();
         assert!(r0 + n <= self.cout && out.len() >= n * self.cin, "rows {r0}..{} of {}", r0 + n, self.cout);
         #[cfg(target_arch = "x86_64")]
-        if simd && crate::simd::has_avx2_fma() && r0 % nr == 0 && n % nr == 0 {
+        if simd && crate::simd::has_avx2_fma() && r0.is_multiple_of(nr) && n.is_multiple_of(nr) {
             // SAFETY: AVX2 is present; index rows r0/nr.. (n/nr of them) lie in `data`, the
             // scales r0..r0+n exist, and `out` holds n × cin values (asserted above).
             unsafe {
