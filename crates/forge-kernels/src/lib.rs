@@ -12,6 +12,7 @@ pub mod numpy_rng;
 pub mod rope;
 pub mod rotation;
 pub mod simd;
+pub mod team;
 
 /// Deterministic test data shared by the kernel tests.
 #[cfg(test)]

@@ -70,7 +70,7 @@ pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
     }
     // Output laid out [n_out][t] per block, transposed afterwards (t is small).
     let mut yt = vec![0f32; n_out * t];
-    yt.par_chunks_mut(ROW_BLOCK * t).enumerate().for_each(|(b, out)| {
+    crate::team::par_chunks_mut(&mut yt, ROW_BLOCK * t, &|b, out| {
         let r0 = b * ROW_BLOCK;
         let rows = out.len() / t;
         let mut buf = Vec::new();

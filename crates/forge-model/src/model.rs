@@ -22,7 +22,7 @@ use forge_kernels::attention::attend;
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
-use rayon::prelude::*;
+use forge_kernels::team::{par_chunks_mut, with_team};
 
 /// Gated DeltaNet chunk length for prefill (as transformers and FLA).
 pub const DELTANET_CHUNK: usize = 64;
@@ -224,6 +224,15 @@ impl Model {
     }
 
     fn forward_here(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        // Decode and verify make many small parallel calls: keep the other workers spinning
+        // for them (`forge_kernels::team`). Prefill's few large calls stay with rayon.
+        if tokens.len() < forge_kernels::lutmm::intdot::GEMM_MIN_T {
+            return with_team(|| self.forward_rows(s, tokens, want));
+        }
+        self.forward_rows(s, tokens, want)
+    }
+
+    fn forward_rows(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         let t = tokens.len();
         if t == 0 {
             bail!("forward called with no tokens");
@@ -363,7 +372,7 @@ impl Model {
         };
         // Fork only when there is enough work to pay for it (not for decode at short context).
         if fork((pos0 + t) * t * nh * hd) {
-            out.par_chunks_mut(hd).enumerate().for_each_init(|| vec![0f32; pos0 + t], one);
+            par_chunks_mut(&mut out, hd, &|idx, o| one(&mut vec![0f32; pos0 + t], (idx, o)));
         } else {
             let mut scores = vec![0f32; pos0 + t];
             out.chunks_mut(hd).enumerate().for_each(|item| one(&mut scores, item));
@@ -396,7 +405,7 @@ impl Model {
             }
         };
         if fork(t * cd * kern) {
-            conv.par_chunks_mut(cd).enumerate().for_each(conv_row);
+            par_chunks_mut(&mut conv, cd, &|i, o| conv_row((i, o)));
         } else {
             conv.chunks_mut(cd).enumerate().for_each(conv_row);
         }
@@ -436,7 +445,11 @@ impl Model {
             o
         };
         let outs: Vec<Vec<f32>> = if fork(nv * dk * dv * t) {
-            rec.par_chunks_mut(dk * dv).enumerate().map(head).collect()
+            let slots: Vec<std::sync::Mutex<Vec<f32>>> = (0..nv).map(|_| Default::default()).collect();
+            par_chunks_mut(rec, dk * dv, &|hv, state| {
+                *slots[hv].lock().unwrap_or_else(|e| e.into_inner()) = head((hv, state));
+            });
+            slots.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
         } else {
             rec.chunks_mut(dk * dv).enumerate().map(head).collect()
         };

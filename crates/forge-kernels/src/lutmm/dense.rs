@@ -3,7 +3,6 @@
 //! shift) right before the FMA, instead of being decoded into an f32 buffer first.
 
 use forge_core::tensor::FloatSlice;
-use rayon::prelude::*;
 
 /// Most input rows the fast path takes (more go to the blocked GEMM).
 pub const MAX_DENSE_T: usize = 4;
@@ -53,7 +52,7 @@ pub fn matmul_half(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize
         if n_out * n_in < 64 * 1024 || rayon::current_num_threads() == 1 {
             yt.chunks_mut(ROW_BLOCK * t).enumerate().for_each(|(b, o)| block(b, o));
         } else {
-            yt.par_chunks_mut(ROW_BLOCK * t).enumerate().for_each(|(b, o)| block(b, o));
+            crate::team::par_chunks_mut(&mut yt, ROW_BLOCK * t, &block);
         }
         for o in 0..n_out {
             for tt in 0..t {

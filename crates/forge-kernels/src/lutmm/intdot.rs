@@ -288,7 +288,8 @@ pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f
             tasks.push((i, g0, rows.min(m.groups - g0)));
         }
     }
-    tasks.into_par_iter().for_each(|(i, g0, n)| {
+    crate::team::parallel_for(tasks.len(), &|k| {
+        let (i, g0, n) = tasks[k];
         // SAFETY: as above; each task writes only the output rows of its own index rows.
         unsafe { ms[i].rows(simd, g0, n, qx, outs[i]) }
     });

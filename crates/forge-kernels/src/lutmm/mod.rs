@@ -340,7 +340,7 @@ impl TileMatrix {
             run(0, &mut yt);
         } else {
             let tiles_per_task = self.n_tiles.div_ceil(threads * 4).max(1);
-            yt.par_chunks_mut(tiles_per_task * per_tile).enumerate().for_each(|(c, out)| run(c * tiles_per_task, out));
+            crate::team::par_chunks_mut(&mut yt, tiles_per_task * per_tile, &|c, out| run(c * tiles_per_task, out));
         }
         let cout = self.cout;
         for tile in 0..self.n_tiles {
