@@ -372,7 +372,12 @@ impl Model {
         };
         // Fork only when there is enough work to pay for it (not for decode at short context).
         if fork((pos0 + t) * t * nh * hd) {
-            par_chunks_mut(&mut out, hd, &|idx, o| one(&mut vec![0f32; pos0 + t], (idx, o)));
+            // Two tasks per worker, each with its own score buffer.
+            let per = (t * nh).div_ceil(2 * rayon::current_num_threads());
+            par_chunks_mut(&mut out, per * hd, &|i, o| {
+                let mut scores = vec![0f32; pos0 + t];
+                o.chunks_mut(hd).enumerate().for_each(|(k, oh)| one(&mut scores, (i * per + k, oh)));
+            });
         } else {
             let mut scores = vec![0f32; pos0 + t];
             out.chunks_mut(hd).enumerate().for_each(|item| one(&mut scores, item));
