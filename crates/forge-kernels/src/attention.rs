@@ -2,8 +2,8 @@
 //!
 //! The AVX2 path scores eight keys at a time (eight accumulators reduced together with
 //! horizontal adds, instead of one horizontal sum per key) and keeps the output in registers
-//! while it walks the values (64 columns at a time), so each key and value row is read once and
-//! the output is written once.
+//! while it walks the values (64 columns at a time). The query heads that share a key/value head
+//! (GQA) go together, so each key and value row is read from memory once per group.
 
 use crate::act::softmax;
 use crate::simd::{axpy, dot, dot_ref};
@@ -24,30 +24,58 @@ pub fn attend(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let d = q.len();
-    assert!(scores.len() >= n, "scores has {} slots for {n} keys", scores.len());
+    attend_group(q, q.len(), keys, values, n, stride, offset, scale, scores, out)
+}
+
+/// [`attend`] for the `g = q.len() / d` query heads that share one key/value head (grouped-query
+/// attention), `q` and `out` holding them one after the other: each key and value row is read
+/// from memory once for the whole group. `scores` is scratch of at least `g · n` floats.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group(
+    q: &[f32],
+    d: usize,
+    keys: &[f32],
+    values: &[f32],
+    n: usize,
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
+    let g = q.len() / d;
+    assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
+    let dv = out.len() / g;
+    assert!(scores.len() >= g * n, "scores has {} slots for {g}×{n}", scores.len());
     if n > 0 {
         let last = (n - 1) * stride + offset;
-        assert!(keys.len() >= last + d && values.len() >= last + out.len(), "history shorter than {n} rows");
+        assert!(keys.len() >= last + d && values.len() >= last + dv, "history shorter than {n} rows");
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() && d.is_multiple_of(8) && out.len().is_multiple_of(8) {
+    if crate::simd::has_avx2_fma() && d.is_multiple_of(8) && dv.is_multiple_of(8) {
         // SAFETY: AVX2/FMA are present; the asserts above bound every row read (n rows of
-        // `stride`, this head's `d` / `out.len()` values at `offset`), `scores` holds n values.
+        // `stride`, `d` / `dv` values at `offset`), `scores` holds g·n values and `out` g·dv.
         unsafe {
-            scores_avx2(q, keys, n, stride, offset, scale, scores);
-            softmax(&mut scores[..n]);
-            values_avx2(&scores[..n], values, stride, offset, out);
+            scores_avx2(q, d, keys, n, stride, offset, scale, scores);
+            for h in 0..g {
+                softmax(&mut scores[h * n..(h + 1) * n]);
+            }
+            values_avx2(&scores[..g * n], n, values, stride, offset, out);
         }
         return;
     }
-    for (j, s) in scores[..n].iter_mut().enumerate() {
-        *s = dot(q, &keys[j * stride + offset..j * stride + offset + d]) * scale;
-    }
-    softmax(&mut scores[..n]);
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for (j, &p) in scores[..n].iter().enumerate() {
-        axpy(p, &values[j * stride + offset..j * stride + offset + out.len()], out);
+    for h in 0..g {
+        let (qh, sh) = (&q[h * d..(h + 1) * d], &mut scores[h * n..(h + 1) * n]);
+        for (j, s) in sh.iter_mut().enumerate() {
+            *s = dot(qh, &keys[j * stride + offset..j * stride + offset + d]) * scale;
+        }
+        softmax(sh);
+        let oh = &mut out[h * dv..(h + 1) * dv];
+        oh.iter_mut().for_each(|o| *o = 0.0);
+        for (j, &p) in sh.iter().enumerate() {
+            axpy(p, &values[j * stride + offset..j * stride + offset + dv], oh);
+        }
     }
 }
 
@@ -72,52 +100,85 @@ pub fn attend_ref(
     }
 }
 
+/// Scores of every head of the group, eight keys at a time (the eight key rows stay in L1
+/// while each head uses them).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn scores_avx2(q: &[f32], keys: &[f32], n: usize, stride: usize, offset: usize, scale: f32, s: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_avx2(
+    q: &[f32],
+    d: usize,
+    keys: &[f32],
+    n: usize,
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
     use std::arch::x86_64::*;
-    let d = q.len();
+    let g = q.len() / d;
     let kp = keys.as_ptr().add(offset);
-    let qp = q.as_ptr();
     let mut j = 0;
     while j + 8 <= n {
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for c in (0..d).step_by(8) {
-            let qv = _mm256_loadu_ps(qp.add(c));
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add((j + r) * stride + c)), *a);
+        for h in 0..g {
+            let qp = q.as_ptr().add(h * d);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in (0..d).step_by(8) {
+                let qv = _mm256_loadu_ps(qp.add(c));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add((j + r) * stride + c)), *a);
+                }
             }
+            // Horizontal sums of the eight accumulators: lane r of the result is key j + r.
+            let u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+            let u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+            let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1));
+            _mm256_storeu_ps(s.as_mut_ptr().add(h * n + j), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
         }
-        // Horizontal sums of the eight accumulators: lane r of the result is key j + r.
-        let u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-        let u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-        let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1));
-        _mm256_storeu_ps(s.as_mut_ptr().add(j), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
         j += 8;
     }
-    for (jj, sj) in s.iter_mut().enumerate().take(n).skip(j) {
-        *sj = dot(q, std::slice::from_raw_parts(kp.add(jj * stride), d)) * scale;
+    for jj in j..n {
+        let k = std::slice::from_raw_parts(kp.add(jj * stride), d);
+        for h in 0..g {
+            s[h * n + jj] = dot(&q[h * d..(h + 1) * d], k) * scale;
+        }
     }
 }
 
+/// `out_h = Σ_j p_h[j] V_j` for every head of the group: 64 output columns (eight registers) per
+/// sweep; with several heads the keys go in blocks of 32 whose value rows stay in L1 while each
+/// head adds its share.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn values_avx2(p: &[f32], values: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+unsafe fn values_avx2(p: &[f32], n: usize, values: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;
+    let g = p.len() / n.max(1);
+    let dv = out.len() / g.max(1);
     let vp = values.as_ptr().add(offset);
-    // 64 output columns (eight registers) per sweep over the history.
-    for c0 in (0..out.len()).step_by(64) {
-        let w = (out.len() - c0).min(64) / 8;
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (j, &pj) in p.iter().enumerate() {
-            let pv = _mm256_set1_ps(pj);
-            let row = vp.add(j * stride + c0);
-            for (k, a) in acc.iter_mut().enumerate().take(w) {
-                *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * k)), *a);
+    let block = if g == 1 { n.max(1) } else { 32 };
+    for c0 in (0..dv).step_by(64) {
+        let w = (dv - c0).min(64) / 8;
+        for j0 in (0..n.max(1)).step_by(block) {
+            let j1 = (j0 + block).min(n);
+            for h in 0..g {
+                let o = out.as_mut_ptr().add(h * dv + c0);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                if j0 > 0 {
+                    for (k, a) in acc.iter_mut().enumerate().take(w) {
+                        *a = _mm256_loadu_ps(o.add(8 * k));
+                    }
+                }
+                for j in j0..j1 {
+                    let pv = _mm256_set1_ps(p[h * n + j]);
+                    let row = vp.add(j * stride + c0);
+                    for (k, a) in acc.iter_mut().enumerate().take(w) {
+                        *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * k)), *a);
+                    }
+                }
+                for (k, a) in acc.iter().enumerate().take(w) {
+                    _mm256_storeu_ps(o.add(8 * k), *a);
+                }
             }
-        }
-        for (k, a) in acc.iter().enumerate().take(w) {
-            _mm256_storeu_ps(out.as_mut_ptr().add(c0 + 8 * k), *a);
         }
     }
 }
@@ -140,6 +201,29 @@ mod tests {
         let values2 = [2.0f32, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0];
         attend(&q, &keys2, &values2, 2, 4, 0, 1.0, &mut s, &mut out);
         assert!((out[0] - 3.0).abs() < 1e-6); // q·k = 0 for both: mean of values
+    }
+
+    #[test]
+    fn grouped_heads_match_one_head_at_a_time() {
+        for (d, g) in [(8usize, 2usize), (64, 3), (128, 8), (256, 2)] {
+            let kvh = 2;
+            let stride = d * kvh;
+            for n in [1usize, 5, 8, 33, 70] {
+                let keys = data(n * stride, (d + g + n) as u32);
+                let values = data(n * stride, (7 * d + n) as u32);
+                let q = data(g * d, (g + n) as u32);
+                let mut s = vec![0f32; g * n];
+                let mut got = vec![0f32; g * d];
+                attend_group(&q, d, &keys, &values, n, stride, d, 0.3, &mut s, &mut got);
+                for h in 0..g {
+                    let mut want = vec![0f32; d];
+                    attend_ref(&q[h * d..(h + 1) * d], &keys, &values, n, stride, d, 0.3, &mut want);
+                    for (a, b) in got[h * d..(h + 1) * d].iter().zip(&want) {
+                        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "d={d} g={g} n={n} head {h}: {a} vs {b}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

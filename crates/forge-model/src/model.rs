@@ -18,7 +18,7 @@ use forge_core::checkpoint::Checkpoint;
 use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
 use forge_core::tensor::HostTensor;
 use forge_kernels::act::{sigmoid, silu, softplus, swiglu};
-use forge_kernels::attention::attend;
+use forge_kernels::attention::attend_group;
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
@@ -365,22 +365,26 @@ impl Model {
         let mut out = vec![0f32; t * nh * hd];
         let row = cache.row;
         let (keys, values) = (&cache.k, &cache.v);
+        // One task item per (token, key/value head): the query heads of a group go together so
+        // each cached key and value row is read once for all of them.
         let one = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
-            let (i, head) = (idx / nh, idx % nh);
-            let qv = &q[idx * hd..(idx + 1) * hd];
-            attend(qv, keys, values, pos0 + i + 1, row, (head / group) * hd, scale, scores, o);
+            let (i, kh) = (idx / kvh, idx % kvh);
+            let h0 = i * nh + kh * group;
+            let qg = &q[h0 * hd..(h0 + group) * hd];
+            attend_group(qg, hd, keys, values, pos0 + i + 1, row, kh * hd, scale, scores, o);
         };
+        let gsize = group * hd;
         // Fork only when there is enough work to pay for it (not for decode at short context).
         if fork((pos0 + t) * t * nh * hd) {
             // Two tasks per worker, each with its own score buffer.
-            let per = (t * nh).div_ceil(2 * rayon::current_num_threads());
-            par_chunks_mut(&mut out, per * hd, &|i, o| {
-                let mut scores = vec![0f32; pos0 + t];
-                o.chunks_mut(hd).enumerate().for_each(|(k, oh)| one(&mut scores, (i * per + k, oh)));
+            let per = (t * kvh).div_ceil(2 * rayon::current_num_threads());
+            par_chunks_mut(&mut out, per * gsize, &|i, o| {
+                let mut scores = vec![0f32; group * (pos0 + t)];
+                o.chunks_mut(gsize).enumerate().for_each(|(k, og)| one(&mut scores, (i * per + k, og)));
             });
         } else {
-            let mut scores = vec![0f32; pos0 + t];
-            out.chunks_mut(hd).enumerate().for_each(|item| one(&mut scores, item));
+            let mut scores = vec![0f32; group * (pos0 + t)];
+            out.chunks_mut(gsize).enumerate().for_each(|item| one(&mut scores, item));
         }
         if cfg.attn_output_gate {
             out.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= sigmoid(g));

@@ -90,5 +90,10 @@ fn compiled_cache_is_used_reused_and_checked() {
     assert_eq!(l, before);
     std::fs::write(out.join(CACHE_FILE), b"\xff\xff\xff\xff\xff\xff\xff\x7f{").unwrap();
     assert_eq!(logits(&out, &toks).1, 0);
+    // `compile` (without --force) replaces a damaged or stale cache.
+    let rebuilt = compile(&out, false, &|_, _| {}).unwrap();
+    assert!(!rebuilt.reused);
+    assert_eq!(std::fs::read(out.join(CACHE_FILE)).unwrap(), bytes, "rebuilt as before");
+    assert_eq!(logits(&out, &toks).1, plain0 - 1);
     let _ = std::fs::remove_dir_all(&out);
 }
