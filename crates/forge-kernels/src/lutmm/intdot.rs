@@ -777,10 +777,12 @@ mod avx2 {
     pub(super) unsafe fn rows(kind: Kind, a: &Args) {
         macro_rules! go {
             ($k:expr) => {
-                match (a.t, a.planes) {
-                    (1, 2) => decode_rows::<$k, 2>(a),
-                    (1, _) => decode_rows::<$k, 1>(a),
-                    (_, 2) => block_rows::<$k, 2>(a),
+                match (a.t, a.planes, nw($k) == 1) {
+                    (1, 2, _) => decode_rows::<$k, 2>(a),
+                    (1, _, _) => decode_rows::<$k, 1>(a),
+                    (_, 2, true) => pass_rows::<$k, 2>(a),
+                    (_, _, true) => pass_rows::<$k, 1>(a),
+                    (_, 2, false) => block_rows::<$k, 2>(a),
                     _ => block_rows::<$k, 1>(a),
                 }
             };
@@ -959,13 +961,18 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
         let tb = tabs(K, a.tables);
+        // Several index rows in flight share the activation loads, but each is its own stream
+        // of weight bytes: with short rows several streams share a page, and the hardware
+        // prefetchers then fall behind (INT8 on SmolLM2's 576-wide head: 6 GB/s with four rows,
+        // 12 with one). So rows go four at a time (two for vec2x16; vec2x64's eight tables
+        // leave no registers for more) only when they are at least 2 KiB long.
+        let multi = a.row_bytes >= 2048;
         let mut r = 0;
         while r < a.n_rows {
-            // Four outputs in flight where the registers allow (two for vec2x64's tables).
-            if nw(K) == 1 && r + 4 <= a.n_rows {
+            if multi && nw(K) == 1 && r + 4 <= a.n_rows {
                 decode_pass::<K, P, 4>(a, &tb, r);
                 r += 4;
-            } else if r + 2 <= a.n_rows && (nw(K) == 1 || K == VEC16) {
+            } else if multi && r + 2 <= a.n_rows && (nw(K) == 1 || K == VEC16) {
                 decode_pass::<K, P, 2>(a, &tb, r);
                 r += 2;
             } else {
@@ -977,38 +984,76 @@ mod avx2 {
 
     #[inline(always)]
     unsafe fn decode_pass<const K: u8, const P: usize, const R: usize>(a: &Args, tb: &Tabs, r0: usize) {
+        rows_in_registers::<K, P, R, 1>(a, tb, r0, 0)
+    }
+
+    /// `R` index rows against activation rows `t0..t0+T`, lookups and products in registers
+    /// (`R · nw · T ≤ 4` outputs in flight).
+    #[inline(always)]
+    unsafe fn rows_in_registers<const K: u8, const P: usize, const R: usize, const T: usize>(
+        a: &Args,
+        tb: &Tabs,
+        r0: usize,
+        t0: usize,
+    ) {
         let cb = chunk_bytes(K);
         let outs = R * nw(K);
         let zero = _mm256_setzero_si256();
-        let mut out = [0f32; 4];
+        let mut out = [[0f32; 4]; T];
         let mut c = 0usize;
         for b in 0..a.nblocks {
             let cend = (c + PER_BLOCK).min(a.nchunks);
-            let mut acc = [[zero; 2]; 4];
+            let mut acc = [[[zero; 2]; 4]; T];
             while c < cend {
-                let x = a.xq.add(c * 2 * CHUNK) as *const __m256i;
                 for rr in 0..R {
                     let w = weights::<K>(a.row.add((r0 + rr) * a.row_bytes + c * cb), tb);
                     for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                         let o = rr * nw(K) + v;
                         let (lo, hi) = widen(wv);
-                        acc[o][0] = mac(acc[o][0], lo, hi, x);
-                        if P == 2 {
-                            acc[o][1] = mac(acc[o][1], lo, hi, x.add(2));
+                        for (t, at) in acc.iter_mut().enumerate() {
+                            let x = a.xq.add((t0 + t) * 2 * a.cin_pad + c * 2 * CHUNK) as *const __m256i;
+                            at[o][0] = mac(at[o][0], lo, hi, x);
+                            if P == 2 {
+                                at[o][1] = mac(at[o][1], lo, hi, x.add(2));
+                            }
                         }
                     }
                 }
                 c += 1;
             }
-            let (s1, s2) = (*a.xs.add(2 * b), *a.xs.add(2 * b + 1));
-            for o in 0..outs {
-                let a2 = if P == 2 { hsum(acc[o][1]) } else { 0 };
-                out[o] += combine(hsum(acc[o][0]), a2, s1, s2);
+            for (t, at) in acc.iter().enumerate() {
+                let xs = a.xs.add(((t0 + t) * a.nblocks + b) * 2);
+                for o in 0..outs {
+                    let a2 = if P == 2 { hsum(at[o][1]) } else { 0 };
+                    out[t][o] += combine(hsum(at[o][0]), a2, *xs, *xs.add(1));
+                }
             }
         }
         let o0 = r0 * nw(K);
-        for (o, v) in out.iter().enumerate().take(outs) {
-            *a.out.add(o0 + o) = v * *a.scale.add(o0 + o);
+        for (t, ot) in out.iter().enumerate() {
+            for (o, v) in ot.iter().enumerate().take(outs) {
+                *a.out.add((t0 + t) * a.out_t_stride + o0 + o) = v * *a.scale.add(o0 + o);
+            }
+        }
+    }
+
+    /// A few activation rows with the one-output kinds: one index row at a time against up to
+    /// four activation rows, weights looked up in registers once per pass. (Expanding weights
+    /// to a buffer first, as `block_rows` does, costs INT8 and lut4 more than it saves.)
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pass_rows<const K: u8, const P: usize>(a: &Args) {
+        let tb = tabs(K, a.tables);
+        for r in 0..a.n_rows {
+            let mut t0 = 0;
+            while t0 < a.t {
+                match a.t - t0 {
+                    1 => rows_in_registers::<K, P, 1, 1>(a, &tb, r, t0),
+                    2 => rows_in_registers::<K, P, 1, 2>(a, &tb, r, t0),
+                    3 => rows_in_registers::<K, P, 1, 3>(a, &tb, r, t0),
+                    _ => rows_in_registers::<K, P, 1, 4>(a, &tb, r, t0),
+                }
+                t0 += 4;
+            }
         }
     }
 
