@@ -956,29 +956,16 @@ mod avx2 {
         }
     }
 
-    /// One activation row: lookups and products in registers, `R` index rows per pass for the
-    /// one-output kinds (two outputs in flight either way).
+    /// One activation row: lookups and products in registers.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
         let tb = tabs(K, a.tables);
-        // Several index rows in flight share the activation loads, but each is its own stream
-        // of weight bytes: with short rows several streams share a page, and the hardware
-        // prefetchers then fall behind (INT8 on SmolLM2's 576-wide head: 6 GB/s with four rows,
-        // 12 with one). So rows go four at a time (two for vec2x16; vec2x64's eight tables
-        // leave no registers for more) only when they are at least 2 KiB long.
-        let multi = a.row_bytes >= 2048;
-        let mut r = 0;
-        while r < a.n_rows {
-            if multi && nw(K) == 1 && r + 4 <= a.n_rows {
-                decode_pass::<K, P, 4>(a, &tb, r);
-                r += 4;
-            } else if multi && r + 2 <= a.n_rows && (nw(K) == 1 || K == VEC16) {
-                decode_pass::<K, P, 2>(a, &tb, r);
-                r += 2;
-            } else {
-                decode_pass::<K, P, 1>(a, &tb, r);
-                r += 1;
-            }
+        // One index row at a time. Several in flight would share the activation loads, but each
+        // is its own stream of weight bytes and the hardware prefetchers fall behind: four lut4
+        // or INT8 rows of SmolLM2's 576-wide head ran at half the speed of one, and on
+        // 17408×5120 no row count beat one by more than this machine's run-to-run noise.
+        for r in 0..a.n_rows {
+            decode_pass::<K, P, 1>(a, &tb, r);
         }
     }
 
