@@ -3,7 +3,7 @@
 //! `--kernels`: GB/s of each packed matrix kernel against its scalar reference.
 
 use anyhow::Result;
-use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
+use forge_kernels::lut::{synthetic, Format, Synthetic};
 use forge_kernels::lutmm::{self, Backend, PackedMatrix};
 use forge_model::linear::{Linear, Weight};
 use forge_model::model::{Embedding, Logits, Model};
@@ -309,29 +309,11 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
         cases.push((f, false));
     }
     for (f, int_dot) in cases {
-        let p = if f == Format::Int8 {
-            let q = (0..cout * cin).map(|_| rnd() as u8 as i8).collect();
-            let m = Int8Matrix { cout, cin, q, scale: vec![0.01; cout] };
-            if int_dot {
-                PackedMatrix::from_int8(&m)
-            } else {
-                PackedMatrix::tiles_from_int8(&m)
-            }
-        } else {
-            let (d, k) = (f.vec_dim(), f.entries());
-            let m = LutMatrix {
-                format: f,
-                cout,
-                cin,
-                codebook: (0..k * d).map(|i| ((i as f32 * 0.37).sin() * 64.0).round() / 64.0).collect(),
-                idx: (0..cout / d * cin).map(|_| (rnd() % k as u32) as u8).collect(),
-                scale: vec![0.5; cout],
-            };
-            if int_dot {
-                PackedMatrix::from_lut(&m)
-            } else {
-                PackedMatrix::tiles_from_lut(&m)
-            }
+        let p = match (synthetic(f, cout, cin, 0x5eed), int_dot) {
+            (Synthetic::Int8(m), true) => PackedMatrix::from_int8(&m),
+            (Synthetic::Int8(m), false) => PackedMatrix::tiles_from_int8(&m),
+            (Synthetic::Lut(m), true) => PackedMatrix::from_lut(&m),
+            (Synthetic::Lut(m), false) => PackedMatrix::tiles_from_lut(&m),
         };
         anyhow::ensure!(p.is_int_dot() == int_dot, "{}: unexpected kernel layout", f.name());
         let bytes = p.packed_bytes() as f64;

@@ -8,7 +8,7 @@
 
 use divan::counter::BytesCount;
 use divan::Bencher;
-use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
+use forge_kernels::lut::{synthetic, Format, Synthetic};
 use forge_kernels::lutmm::intdot::{matmul_many, DotMatrix, QuantX};
 
 fn main() {
@@ -29,22 +29,10 @@ impl Lcg {
 
 /// A random matrix of the format, packed, with its codebook on the 8-bit grid.
 fn matrix(format: &str, cout: usize, cin: usize) -> DotMatrix {
-    let f = Format::parse(format).expect("format");
-    let mut r = Lcg(0x5eed);
-    if f == Format::Int8 {
-        let q = (0..cout * cin).map(|_| r.next() as u8 as i8).collect();
-        return DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] });
+    match synthetic(Format::parse(format).expect("format"), cout, cin, 0x5eed) {
+        Synthetic::Int8(m) => DotMatrix::from_int8(&m),
+        Synthetic::Lut(m) => DotMatrix::from_lut(&m).expect("codebook on the 8-bit grid"),
     }
-    let (d, k) = (f.vec_dim(), f.entries());
-    let m = LutMatrix {
-        format: f,
-        cout,
-        cin,
-        codebook: (0..k * d).map(|i| ((i as f32 * 0.37).sin() * 64.0).round() / 64.0).collect(),
-        idx: (0..cout / d * cin).map(|_| (r.next() % k as u32) as u8).collect(),
-        scale: vec![0.5; cout],
-    };
-    DotMatrix::from_lut(&m).expect("codebook on the 8-bit grid")
 }
 
 fn run(b: Bencher, format: &str, shape: (usize, usize), t: usize, simd: bool) {

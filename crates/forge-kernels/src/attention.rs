@@ -8,41 +8,25 @@
 use crate::act::softmax;
 use crate::simd::{axpy, dot, dot_ref};
 
-/// `out = softmax(q·Kᵀ·scale) V` over the first `n` rows of the history.
-///
-/// `keys`/`values` hold rows of `stride` floats; this head's vector starts at `offset` in each
-/// row. `scores` is scratch of at least `n` floats.
-#[allow(clippy::too_many_arguments)]
-pub fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    n: usize,
-    stride: usize,
-    offset: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    attend_group(q, q.len(), keys, values, n, stride, offset, scale, scores, out)
+/// The cached keys and values one key/value head attends over: the first `n` rows of
+/// `stride` floats each, this head's vectors starting at `offset` in every row.
+#[derive(Clone, Copy)]
+pub struct History<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub n: usize,
+    pub stride: usize,
+    pub offset: usize,
 }
 
-/// [`attend`] for the `g = q.len() / d` query heads that share one key/value head (grouped-query
-/// attention), `q` and `out` holding them one after the other: each key and value row is read
-/// from memory once for the whole group. `scores` is scratch of at least `g · n` floats.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_group(
-    q: &[f32],
-    d: usize,
-    keys: &[f32],
-    values: &[f32],
-    n: usize,
-    stride: usize,
-    offset: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
+/// `out_h = softmax(q_h·Kᵀ·scale) V` over the first `n` rows of the history, for the
+/// `g = q.len() / d` query heads that share one key/value head (grouped-query attention; `g = 1`
+/// for plain attention), `q` and `out` holding them one after the other: each key and value row
+/// is read from memory once for the whole group.
+///
+/// `scores` is scratch of at least `g · n` floats.
+pub fn attend_group(q: &[f32], d: usize, kv: History, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let History { keys, values, n, stride, offset } = kv;
     assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
     let g = q.len() / d;
     assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
@@ -79,18 +63,9 @@ pub fn attend_group(
     }
 }
 
-/// The definition, in plain sequential f32 (the oracle for the SIMD path).
-#[allow(clippy::too_many_arguments)]
-pub fn attend_ref(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    n: usize,
-    stride: usize,
-    offset: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
+/// The definition for one query head, in plain sequential f32 (the oracle for the SIMD path).
+pub fn attend_ref(q: &[f32], kv: History, scale: f32, out: &mut [f32]) {
+    let History { keys, values, n, stride, offset } = kv;
     let d = q.len();
     let mut s: Vec<f32> =
         (0..n).map(|j| dot_ref(q, &keys[j * stride + offset..j * stride + offset + d]) * scale).collect();
@@ -188,6 +163,10 @@ mod tests {
     use super::*;
     use crate::testutil::data;
 
+    fn hist<'a>(keys: &'a [f32], values: &'a [f32], n: usize, stride: usize, offset: usize) -> History<'a> {
+        History { keys, values, n, stride, offset }
+    }
+
     #[test]
     fn single_key_returns_its_value_and_uniform_scores_average() {
         let q = [1.0f32, 0.0];
@@ -195,11 +174,11 @@ mod tests {
         let values = [1.0f32, 2.0, 7.0, 7.0];
         let mut s = [0f32; 2];
         let mut out = [0f32; 2];
-        attend(&q, &keys, &values, 1, 4, 0, 1.0, &mut s, &mut out);
+        attend_group(&q, 2, hist(&keys, &values, 1, 4, 0), 1.0, &mut s, &mut out);
         assert_eq!(out, [1.0, 2.0]);
         let keys2 = [0.0f32, 1.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0];
         let values2 = [2.0f32, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0];
-        attend(&q, &keys2, &values2, 2, 4, 0, 1.0, &mut s, &mut out);
+        attend_group(&q, 2, hist(&keys2, &values2, 2, 4, 0), 1.0, &mut s, &mut out);
         assert!((out[0] - 3.0).abs() < 1e-6); // q·k = 0 for both: mean of values
     }
 
@@ -214,10 +193,10 @@ mod tests {
                 let q = data(g * d, (g + n) as u32);
                 let mut s = vec![0f32; g * n];
                 let mut got = vec![0f32; g * d];
-                attend_group(&q, d, &keys, &values, n, stride, d, 0.3, &mut s, &mut got);
+                attend_group(&q, d, hist(&keys, &values, n, stride, d), 0.3, &mut s, &mut got);
                 for h in 0..g {
                     let mut want = vec![0f32; d];
-                    attend_ref(&q[h * d..(h + 1) * d], &keys, &values, n, stride, d, 0.3, &mut want);
+                    attend_ref(&q[h * d..(h + 1) * d], hist(&keys, &values, n, stride, d), 0.3, &mut want);
                     for (a, b) in got[h * d..(h + 1) * d].iter().zip(&want) {
                         assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "d={d} g={g} n={n} head {h}: {a} vs {b}");
                     }
@@ -238,8 +217,8 @@ mod tests {
                 let q = data(d, n as u32);
                 for h in 0..heads {
                     let (mut s, mut got, mut want) = (vec![0f32; n], vec![0f32; d], vec![0f32; d]);
-                    attend(&q, &keys, &values, n, stride, h * d, 0.125, &mut s, &mut got);
-                    attend_ref(&q, &keys, &values, n, stride, h * d, 0.125, &mut want);
+                    attend_group(&q, d, hist(&keys, &values, n, stride, h * d), 0.125, &mut s, &mut got);
+                    attend_ref(&q, hist(&keys, &values, n, stride, h * d), 0.125, &mut want);
                     for (a, b) in got.iter().zip(&want) {
                         assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "d={d} n={n} head {h}: {a} vs {b}");
                     }

@@ -254,6 +254,35 @@ impl RowSource for Int8Matrix {
     }
 }
 
+/// A seeded random matrix of a format, with its codebook on the 8-bit grid the quantizer writes:
+/// the input of kernel benchmarks (`forge bench --kernels`, the divan benches).
+pub enum Synthetic {
+    Lut(LutMatrix),
+    Int8(Int8Matrix),
+}
+
+/// See [`Synthetic`]; `cout` must be a multiple of the format's vector size.
+pub fn synthetic(format: Format, cout: usize, cin: usize, seed: u64) -> Synthetic {
+    let mut s = seed;
+    let mut next = move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    if format == Format::Int8 {
+        let q = (0..cout * cin).map(|_| next() as u8 as i8).collect();
+        return Synthetic::Int8(Int8Matrix { cout, cin, q, scale: vec![0.01; cout] });
+    }
+    let (d, k) = (format.vec_dim(), format.entries());
+    Synthetic::Lut(LutMatrix {
+        format,
+        cout,
+        cin,
+        codebook: (0..k * d).map(|i| ((i as f32 * 0.37).sin() * 64.0).round() / 64.0).collect(),
+        idx: (0..cout / d * cin).map(|_| (next() % k as u32) as u8).collect(),
+        scale: vec![0.5; cout],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use forge_core::checkpoint::Checkpoint;
 use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
 use forge_core::tensor::HostTensor;
 use forge_kernels::act::{sigmoid, silu, softplus, swiglu};
-use forge_kernels::attention::attend_group;
+use forge_kernels::attention::{attend_group, History};
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
@@ -371,7 +371,8 @@ impl Model {
             let (i, kh) = (idx / kvh, idx % kvh);
             let h0 = i * nh + kh * group;
             let qg = &q[h0 * hd..(h0 + group) * hd];
-            attend_group(qg, hd, keys, values, pos0 + i + 1, row, kh * hd, scale, scores, o);
+            let kv = History { keys, values, n: pos0 + i + 1, stride: row, offset: kh * hd };
+            attend_group(qg, hd, kv, scale, scores, o);
         };
         let gsize = group * hd;
         // Fork only when there is enough work to pay for it (not for decode at short context).

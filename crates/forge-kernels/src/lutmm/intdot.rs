@@ -562,13 +562,15 @@ impl DotMatrix {
             unsafe {
                 avx2::decode_f32(
                     self.kind,
-                    self.tables.as_ptr() as *const i8,
-                    self.data.bytes()[r0 / nr * self.row_bytes..].as_ptr(),
-                    self.row_bytes,
-                    n / nr,
-                    self.cin,
-                    self.scale[r0..].as_ptr(),
-                    out.as_mut_ptr(),
+                    &avx2::DecodeArgs {
+                        tables: self.tables.as_ptr() as *const i8,
+                        row: self.data.bytes()[r0 / nr * self.row_bytes..].as_ptr(),
+                        row_bytes: self.row_bytes,
+                        n_idx: n / nr,
+                        cin: self.cin,
+                        scale: self.scale[r0..].as_ptr(),
+                        out: out.as_mut_ptr(),
+                    },
                 )
             };
             return;
@@ -897,40 +899,33 @@ mod avx2 {
         _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1))
     }
 
-    /// Decode `n_idx` index rows to f32 rows of `cin` values (`scale[o] · q`, exact).
-    ///
+    /// Index rows to decode to f32 rows of `cin` values (`scale[o] · q`, exact).
+    #[derive(Clone, Copy)]
+    pub(super) struct DecodeArgs {
+        pub tables: *const i8,
+        pub row: *const u8,
+        pub row_bytes: usize,
+        pub n_idx: usize,
+        pub cin: usize,
+        pub scale: *const f32,
+        pub out: *mut f32,
+    }
+
     /// # Safety
     /// AVX2 must be present, `row` hold `n_idx` index rows `row_bytes` apart, `scale` the
     /// `n_idx · nw` output scales and `out` `n_idx · nw · cin` values.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn decode_f32(
-        kind: Kind,
-        tables: *const i8,
-        row: *const u8,
-        row_bytes: usize,
-        n_idx: usize,
-        cin: usize,
-        scale: *const f32,
-        out: *mut f32,
-    ) {
+    pub(super) unsafe fn decode_f32(kind: Kind, a: &DecodeArgs) {
         match kind {
-            Kind::Lut4 => decode_f32_k::<LUT4>(tables, row, row_bytes, n_idx, cin, scale, out),
-            Kind::Vec2x16 => decode_f32_k::<VEC16>(tables, row, row_bytes, n_idx, cin, scale, out),
-            Kind::Vec2x64 => decode_f32_k::<VEC64>(tables, row, row_bytes, n_idx, cin, scale, out),
-            Kind::Int8 => decode_f32_k::<INT8>(tables, row, row_bytes, n_idx, cin, scale, out),
+            Kind::Lut4 => decode_f32_k::<LUT4>(a),
+            Kind::Vec2x16 => decode_f32_k::<VEC16>(a),
+            Kind::Vec2x64 => decode_f32_k::<VEC64>(a),
+            Kind::Int8 => decode_f32_k::<INT8>(a),
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn decode_f32_k<const K: u8>(
-        tables: *const i8,
-        row: *const u8,
-        row_bytes: usize,
-        n_idx: usize,
-        cin: usize,
-        scale: *const f32,
-        out: *mut f32,
-    ) {
+    unsafe fn decode_f32_k<const K: u8>(a: &DecodeArgs) {
+        let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out } = *a;
         let tb = tabs(K, tables);
         let cb = chunk_bytes(K);
         let mut tail = [0f32; CHUNK];
