@@ -23,6 +23,8 @@ struct Team {
     job: AtomicUsize,
     done: AtomicUsize,
     stop: AtomicBool,
+    /// A task of the current call panicked.
+    panicked: AtomicBool,
 }
 
 type Job<'a> = &'a (dyn Fn(usize) + Sync);
@@ -45,6 +47,7 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         job: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
+        panicked: AtomicBool::new(false),
     };
     let team = &team;
     rayon::scope(|s| {
@@ -103,7 +106,12 @@ fn run_tasks(team: &Team, epoch: u64) {
             // task (it returns only when `done` reaches `n`), so its closure is alive and
             // `job` still points at it.
             let f: Job = unsafe { *(team.job.load(Ordering::Acquire) as *const Job) };
-            f((s & 0xffff_ffff) as usize);
+            // A panicking task still counts as done (the caller would otherwise wait forever);
+            // the caller re-raises it.
+            let i = (s & 0xffff_ffff) as usize;
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
+                team.panicked.store(true, Ordering::Release);
+            }
             team.done.fetch_add(1, Ordering::AcqRel);
         }
     }
@@ -133,6 +141,9 @@ pub fn parallel_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     run_tasks(team, epoch);
     while team.done.load(Ordering::Acquire) < n {
         std::hint::spin_loop();
+    }
+    if team.panicked.swap(false, Ordering::AcqRel) {
+        panic!("a parallel task panicked");
     }
 }
 
@@ -222,6 +233,35 @@ mod tests {
                 }
             })
         });
+    }
+
+    #[test]
+    fn a_panicking_task_panics_the_caller_instead_of_hanging() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for bad in [0usize, 5, 63] {
+            let r = pool.install(|| {
+                std::panic::catch_unwind(|| {
+                    with_team(|| {
+                        parallel_for(64, &|i| {
+                            if i == bad {
+                                panic!("task {i}");
+                            }
+                        })
+                    })
+                })
+            });
+            assert!(r.is_err(), "task {bad}");
+            // The team is usable afterwards.
+            let n = AtomicU32::new(0);
+            pool.install(|| {
+                with_team(|| {
+                    parallel_for(10, &|_| {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    })
+                })
+            });
+            assert_eq!(n.load(Ordering::Relaxed), 10);
+        }
     }
 
     #[test]
