@@ -5,25 +5,15 @@
 //! tokenizer. Checks: same seed → same file, every row starts with its templated prompt, the file
 //! loads through the calibration loader as one row per prompt, and bad input → one-line errors.
 
+mod common;
+
+use common::{expect_error, forge, tmpdir};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const IM_START: u32 = 256;
 const IM_END: u32 = 257;
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] \
                       + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
-fn forge(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_forge")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("forge-calib-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// GPT-2's byte → printable character map (`bytes_to_unicode`), indexed by byte.
 fn byte_chars() -> Vec<char> {
@@ -170,16 +160,6 @@ fn calib_generate_is_seeded_and_rows_are_the_conversations() {
     ]);
     assert!(ok, "{err}");
     assert_eq!(read_rows(&one), rows[..1]);
-}
-
-fn expect_error(args: &[&str], needles: &[&str]) {
-    let (ok, _, err) = forge(args);
-    assert!(!ok, "expected failure for {args:?}");
-    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
-    assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one error line for {args:?}: {err}");
-    for n in needles {
-        assert!(err.contains(n), "error for {args:?} lacks '{n}': {err}");
-    }
 }
 
 #[test]

@@ -1,23 +1,13 @@
 //! The `forge` binary end to end: the `logits` interface against the transformers fixtures, and
 //! bad input producing a one-line error (naming the file and tensor), a non-zero exit and no panic.
 
+mod common;
+
+use common::{expect_error, forge, tmpdir};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
-}
-
-fn forge(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_forge")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("forge-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// Copy a fixture dir so it can be damaged.
@@ -25,18 +15,6 @@ fn copy_fixture(name: &str, to: &Path) {
     for e in std::fs::read_dir(fixtures().join(name)).unwrap() {
         let p = e.unwrap().path();
         std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
-    }
-}
-
-/// Fails with exactly one stderr line containing every `needle`, and no panic.
-fn expect_error(args: &[&str], needles: &[&str]) {
-    let (ok, _, err) = forge(args);
-    assert!(!ok, "expected failure for {args:?}");
-    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one error line for {args:?}, got: {err}");
-    for n in needles {
-        assert!(err.contains(n), "error for {args:?} lacks '{n}': {err}");
     }
 }
 

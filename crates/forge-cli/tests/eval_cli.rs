@@ -2,26 +2,13 @@
 //! 100 %, the .npy and JSON outputs), ppl, and bad input as one-line errors. Uses the real SmolLM2
 //! (tools/setup.sh) on two 64-token windows of `../shared/data/eval/prose.txt`.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn forge(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_forge")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
+use common::{expect_error, forge};
+use std::path::PathBuf;
 
 fn data_dir() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data").to_string()
-}
-
-fn expect_error(args: &[&str], needles: &[&str]) {
-    let (ok, _, err) = forge(args);
-    assert!(!ok, "expected failure for {args:?}");
-    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
-    assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one error line for {args:?}: {err}");
-    for n in needles {
-        assert!(err.contains(n), "error for {args:?} lacks '{n}': {err}");
-    }
 }
 
 #[test]

@@ -7,12 +7,10 @@ use forge_kernels::lutmm::intdot::int8_codebook;
 use forge_model::linear::Weight;
 use forge_model::Logits;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn forge(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_forge")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
+mod common;
+
+use common::{expect_error, forge};
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("forge-synth-{name}-{}", std::process::id()));
@@ -177,15 +175,7 @@ fn synth_same_seed_writes_identical_bytes() {
 
 #[test]
 fn synth_bad_arguments_fail_with_one_clear_line() {
-    let expect = |args: &[&str], needles: &[&str]| {
-        let (ok, _, err) = forge(args);
-        assert!(!ok, "expected failure for {args:?}");
-        assert!(!err.contains("panicked"), "{err}");
-        assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{err}");
-        for n in needles {
-            assert!(err.contains(n), "error for {args:?} lacks '{n}': {err}");
-        }
-    };
+    let expect = expect_error;
     let dir = tmp("bad");
     let d = dir.to_str().unwrap();
     expect(&["synth", "--shape", "qwen3-27b", "--output", d], &["unknown --shape 'qwen3-27b'", "qwen3.8-27b", "tiny"]);
