@@ -960,44 +960,29 @@ mod avx2 {
         // or INT8 rows of SmolLM2's 576-wide head ran at half the speed of one, and on
         // 17408×5120 no row count beat one by more than this machine's run-to-run noise.
         for r in 0..a.n_rows {
-            decode_pass::<K, P, 1>(a, &tb, r);
+            row_in_registers::<K, P, 1>(a, &tb, r, 0);
         }
     }
 
+    /// Index row `r` against activation rows `t0..t0+T`, lookups and products in registers
+    /// (`nw · T ≤ 4` outputs in flight).
     #[inline(always)]
-    unsafe fn decode_pass<const K: u8, const P: usize, const R: usize>(a: &Args, tb: &Tabs, r0: usize) {
-        rows_in_registers::<K, P, R, 1>(a, tb, r0, 0)
-    }
-
-    /// `R` index rows against activation rows `t0..t0+T`, lookups and products in registers
-    /// (`R · nw · T ≤ 4` outputs in flight).
-    #[inline(always)]
-    unsafe fn rows_in_registers<const K: u8, const P: usize, const R: usize, const T: usize>(
-        a: &Args,
-        tb: &Tabs,
-        r0: usize,
-        t0: usize,
-    ) {
-        let cb = chunk_bytes(K);
-        let outs = R * nw(K);
+    unsafe fn row_in_registers<const K: u8, const P: usize, const T: usize>(a: &Args, tb: &Tabs, r: usize, t0: usize) {
         let zero = _mm256_setzero_si256();
-        let mut out = [[0f32; 4]; T];
+        let mut out = [[0f32; 2]; T];
         let mut c = 0usize;
         for b in 0..a.nblocks {
             let cend = (c + PER_BLOCK).min(a.nchunks);
-            let mut acc = [[[zero; 2]; 4]; T];
+            let mut acc = [[[zero; 2]; 2]; T];
             while c < cend {
-                for rr in 0..R {
-                    let w = weights::<K>(a.row.add((r0 + rr) * a.row_bytes + c * cb), tb);
-                    for (v, &wv) in w.iter().enumerate().take(nw(K)) {
-                        let o = rr * nw(K) + v;
-                        let (lo, hi) = widen(wv);
-                        for (t, at) in acc.iter_mut().enumerate() {
-                            let x = a.xq.add((t0 + t) * 2 * a.cin_pad + c * 2 * CHUNK) as *const __m256i;
-                            at[o][0] = mac(at[o][0], lo, hi, x);
-                            if P == 2 {
-                                at[o][1] = mac(at[o][1], lo, hi, x.add(2));
-                            }
+                let w = weights::<K>(a.row.add(r * a.row_bytes + c * chunk_bytes(K)), tb);
+                for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                    let (lo, hi) = widen(wv);
+                    for (t, at) in acc.iter_mut().enumerate() {
+                        let x = a.xq.add((t0 + t) * 2 * a.cin_pad + c * 2 * CHUNK) as *const __m256i;
+                        at[v][0] = mac(at[v][0], lo, hi, x);
+                        if P == 2 {
+                            at[v][1] = mac(at[v][1], lo, hi, x.add(2));
                         }
                     }
                 }
@@ -1005,16 +990,16 @@ mod avx2 {
             }
             for (t, at) in acc.iter().enumerate() {
                 let xs = a.xs.add(((t0 + t) * a.nblocks + b) * 2);
-                for o in 0..outs {
-                    let a2 = if P == 2 { hsum(at[o][1]) } else { 0 };
-                    out[t][o] += combine(hsum(at[o][0]), a2, *xs, *xs.add(1));
+                for v in 0..nw(K) {
+                    let a2 = if P == 2 { hsum(at[v][1]) } else { 0 };
+                    out[t][v] += combine(hsum(at[v][0]), a2, *xs, *xs.add(1));
                 }
             }
         }
-        let o0 = r0 * nw(K);
+        let o0 = r * nw(K);
         for (t, ot) in out.iter().enumerate() {
-            for (o, v) in ot.iter().enumerate().take(outs) {
-                *a.out.add((t0 + t) * a.out_t_stride + o0 + o) = v * *a.scale.add(o0 + o);
+            for (v, val) in ot.iter().enumerate().take(nw(K)) {
+                *a.out.add((t0 + t) * a.out_t_stride + o0 + v) = val * *a.scale.add(o0 + v);
             }
         }
     }
@@ -1029,10 +1014,10 @@ mod avx2 {
             let mut t0 = 0;
             while t0 < a.t {
                 match a.t - t0 {
-                    1 => rows_in_registers::<K, P, 1, 1>(a, &tb, r, t0),
-                    2 => rows_in_registers::<K, P, 1, 2>(a, &tb, r, t0),
-                    3 => rows_in_registers::<K, P, 1, 3>(a, &tb, r, t0),
-                    _ => rows_in_registers::<K, P, 1, 4>(a, &tb, r, t0),
+                    1 => row_in_registers::<K, P, 1>(a, &tb, r, t0),
+                    2 => row_in_registers::<K, P, 2>(a, &tb, r, t0),
+                    3 => row_in_registers::<K, P, 3>(a, &tb, r, t0),
+                    _ => row_in_registers::<K, P, 4>(a, &tb, r, t0),
                 }
                 t0 += 4;
             }
