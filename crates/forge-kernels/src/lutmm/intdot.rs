@@ -323,8 +323,11 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
     }
     tasks.into_par_iter().for_each_init(Vec::new, |buf: &mut Vec<f32>, (i, r0, n)| {
         let m = ms[i];
-        buf.resize(n * m.cin, 0.0);
-        m.decode_rows_with(simd, r0, n, buf);
+        // The decode overwrites the panel: grow the buffer only, never re-zero it.
+        if buf.len() < n * m.cin {
+            buf.resize(n * m.cin, 0.0);
+        }
+        m.decode_rows_with(simd, r0, n, &mut buf[..n * m.cin]);
         // SAFETY: `x` is t×cin (row stride cin), the panel n×cin read transposed (column stride
         // cin, row stride 1), and the destination is columns r0..r0+n of the t×cout output
         // (row stride cout), which no other task writes (asserts above bound every access).
