@@ -6,8 +6,8 @@
 //! a weight is exactly `scale[row] · f · q[idx]`, and the kernel's only approximation is the
 //! activation: each block of [`XBLOCK`] inputs of a row is written as two 16-bit planes with
 //! their own scales (see [`QuantX`]; ~2⁻³¹ of the block's largest magnitude), so an outlier only
-//! coarsens its own block. Integer sums are exact (a block cannot overflow 32 bits); the
-//! per-block sums are combined in f32.
+//! coarsens its own block. Integer sums are exact (a lane of a block cannot overflow 32 bits);
+//! each block's eight lane sums are fused into f32 lanes, summed in one fixed order per row.
 //!
 //! # Layout
 //! An index row (one output row, or a row pair for the vector formats, whose index covers both)
@@ -29,19 +29,26 @@ use rayon::prelude::*;
 
 /// Input columns per chunk.
 pub const CHUNK: usize = 32;
-/// Input columns sharing one activation scale. Per plane `|q| ≤ 32767` and `|w| ≤ 128`, so a
-/// whole block sums to at most `512 · 128 · 32767 < 2³¹`: the kernels total each block exactly
-/// in 32-bit integers before [`combine`] takes it to f32.
-pub const XBLOCK: usize = 512;
+/// Input columns sharing one activation scale. The kernels sum each block in eight 32-bit
+/// lanes (wrapping adds, so exact whenever the true sum fits): a lane holds `XBLOCK / 8`
+/// products `w · q` with `|w| ≤ 128` and `|q| ≤ 32767`, at most `256 · 128 · 32767 < 2³¹`.
+/// Then each lane goes to f32 once per block ([`accumulate`]). SmolLM2's rows (576 and 1536
+/// inputs) are one block; the block's loop-exit and lane conversion are paid once per row.
+pub const XBLOCK: usize = 2048;
 /// Activation rows per pass of the scalar reference.
 pub const PASS_T: usize = 4;
 
-/// A block's contribution from its exact integer sums per plane: the one f32 step that the
-/// scalar reference and every SIMD kernel share, so that they agree bit for bit.
+/// Adds one block's exact lane sums of one activation plane into a row's f32 lanes,
+/// `lanes[l] = fma(a[l] as f32, s, lanes[l])`: the one f32 step per block that the scalar
+/// reference and every SIMD kernel share, so that they agree bit for bit.
 #[inline(always)]
-pub(crate) fn combine(a1: i32, a2: i32, s1: f32, s2: f32) -> f32 {
-    s1 * a1 as f32 + s2 * a2 as f32
+fn accumulate(lanes: &mut [f32; LANES], a: &[i64; LANES], s: f32) {
+    for (l, &v) in lanes.iter_mut().zip(a) {
+        // Exact: a lane's block sum fits in 32 bits (see XBLOCK).
+        *l = (v as i32 as f32).mul_add(s, *l);
+    }
 }
+
 static PLANES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
 
 /// Activation planes for the integer kernels from now on: 2 (default; the fast path equals the
@@ -148,6 +155,27 @@ pub struct QuantX {
     pub q: Vec<i16>,
     /// `t × nblocks × 2`: `(s₁, s₂)` per block.
     pub scale: Vec<f32>,
+    /// `t × nblocks × 2 × LANES`: per block and plane, `128 · Σ q` over the columns of each
+    /// accumulator lane. The SIMD kernels multiply unsigned weights `w + 128` (a zero-extend
+    /// instead of a sign-extend) and subtract this to recover `Σ w · q` exactly.
+    pub corr: Vec<i32>,
+}
+
+/// Accumulator lanes of the kernels: position `k` of a chunk's stored activations (see
+/// [`xpos`]) adds into lane `(k mod 16) / 2` (what `pmaddwd` pairs and sums).
+pub const LANES: usize = 8;
+
+#[inline(always)]
+fn lane(k: usize) -> usize {
+    (k % 16) / 2
+}
+
+/// The fixed order in which a row's eight f32 lanes are summed, `((l0+l1)+(l2+l3)) +
+/// ((l4+l5)+(l6+l7))`: the order of the AVX2 horizontal-add tree, which reduces eight rows
+/// at once.
+#[inline(always)]
+pub(crate) fn reduce_lanes(l: &[f32; LANES]) -> f32 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 }
 
 /// Round to nearest, ties to even, for `|v| < 2²²` (adding 1.5·2²³ leaves no fraction bits;
@@ -255,7 +283,18 @@ impl QuantX {
                 }
             }
         }
-        QuantX { t, planes, cin_pad, nblocks, q, scale }
+        let mut corr = vec![0i32; t * nblocks * 2 * LANES];
+        for (r, cr) in corr.chunks_mut(nblocks * 2 * LANES).enumerate() {
+            let qr = &q[r * 2 * cin_pad..(r + 1) * 2 * cin_pad];
+            for (c, qc) in qr.chunks(2 * CHUNK).enumerate() {
+                let b = c * CHUNK / XBLOCK;
+                for (k, &v) in qc.iter().enumerate() {
+                    let plane = k / CHUNK;
+                    cr[(b * 2 + plane) * LANES + lane(k % CHUNK)] += 128 * v as i32;
+                }
+            }
+        }
+        QuantX { t, planes, cin_pad, nblocks, q, scale, corr }
     }
 }
 
@@ -639,6 +678,7 @@ impl DotMatrix {
                     planes: qx.planes,
                     xq: qx.q.as_ptr(),
                     xs: qx.scale.as_ptr(),
+                    corr: qx.corr.as_ptr(),
                     nblocks: qx.nblocks,
                     scale: self.scale[g0 * nr..].as_ptr(),
                     out: y.0.add(g0 * nr),
@@ -658,12 +698,10 @@ impl DotMatrix {
         let mut tmp = [0f32; 2 * PASS_T];
         for t0 in (0..qx.t).step_by(pass) {
             let tc = pass.min(qx.t - t0);
-            let xq = &qx.q[t0 * 2 * qx.cin_pad..(t0 + tc) * 2 * qx.cin_pad];
-            let xs = &qx.scale[t0 * 2 * qx.nblocks..(t0 + tc) * 2 * qx.nblocks];
             let out = y.0.add(t0 * self.cout);
             for g in g0..g0 + n {
                 let row = &self.data.bytes()[g * self.row_bytes..];
-                self.group_scalar(row, xq, xs, qx.nblocks, tc, &mut tmp);
+                self.group_scalar(row, qx, t0, tc, &mut tmp);
                 for tt in 0..tc {
                     for v in 0..nr {
                         *out.add(tt * self.cout + g * nr + v) = tmp[tt * nr + v] * self.scale[g * nr + v];
@@ -707,32 +745,42 @@ impl DotMatrix {
         w
     }
 
-    /// Reference on the same packed data: exact integer block sums per activation plane,
-    /// combined in f32.
-    fn group_scalar(&self, row: &[u8], xq: &[i16], xs: &[f32], nblocks: usize, tc: usize, out: &mut [f32]) {
+    /// Reference on the same packed data: per block and activation plane, exact integer sums in
+    /// the SIMD kernels' eight lanes, each taken to f32 and fused into the row's lanes by
+    /// [`accumulate`]; the lanes summed in [`reduce_lanes`] order at the end.
+    #[allow(clippy::too_many_arguments)]
+    fn group_scalar(&self, row: &[u8], qx: &QuantX, t0: usize, tc: usize, out: &mut [f32]) {
         let nr = self.kind.rows();
         let nchunks = self.cin_pad / CHUNK;
-        out[..tc * nr].fill(0.0);
-        for b in 0..nblocks {
-            let mut acc = [[[0i64; 2]; 2]; PASS_T];
+        let mut lanes = [[[0f32; LANES]; 2]; PASS_T];
+        for b in 0..qx.nblocks {
+            let mut acc = [[[[0i64; LANES]; 2]; 2]; PASS_T];
             for c in b * XBLOCK / CHUNK..((b + 1) * XBLOCK / CHUNK).min(nchunks) {
                 let w = self.chunk_weights(row, c);
                 for (t, a) in acc.iter_mut().enumerate().take(tc) {
-                    let x = &xq[t * 2 * self.cin_pad + c * 2 * CHUNK..][..2 * CHUNK];
+                    let x = &qx.q[(t0 + t) * 2 * self.cin_pad + c * 2 * CHUNK..][..2 * CHUNK];
                     for (v, av) in a.iter_mut().enumerate().take(nr) {
                         for (plane, ap) in av.iter_mut().enumerate() {
-                            let xp = &x[plane * CHUNK..];
-                            *ap += w[v].iter().enumerate().map(|(m, &wm)| wm as i64 * xp[xpos(m)] as i64).sum::<i64>();
+                            for (k, &xk) in x[plane * CHUNK..][..CHUNK].iter().enumerate() {
+                                // Position k holds column xpos(k) (xpos is its own inverse).
+                                ap[lane(k)] += w[v][xpos(k)] as i64 * xk as i64;
+                            }
                         }
                     }
                 }
             }
             for (t, a) in acc.iter().enumerate().take(tc) {
-                let sc = &xs[(t * nblocks + b) * 2..][..2];
+                let sc = &qx.scale[((t0 + t) * qx.nblocks + b) * 2..][..2];
                 for v in 0..nr {
-                    // Exact: a block's sum fits in 32 bits (see XBLOCK).
-                    out[t * nr + v] += combine(a[v][0] as i32, a[v][1] as i32, sc[0], sc[1]);
+                    for plane in 0..qx.planes {
+                        accumulate(&mut lanes[t][v], &a[v][plane], sc[plane]);
+                    }
                 }
+            }
+        }
+        for t in 0..tc {
+            for v in 0..nr {
+                out[t * nr + v] = reduce_lanes(&lanes[t][v]);
             }
         }
     }
@@ -740,14 +788,15 @@ impl DotMatrix {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! Two kernels per kind. Decode (one activation row) looks weights up and multiplies them
-    //! in registers, two index rows at a time for the one-output kinds so that the activation
-    //! loads are shared. Several rows (verify, prefill) first expand a block of weights to
-    //! 16-bit vectors in an L1 buffer and then stream every activation row past it four at a
-    //! time, so the lookups are paid once per call and the loop is `pmaddwd`-bound.
-    //! Both close each block with an exact integer sum and [`super::combine`], the scalar
-    //! reference's own arithmetic, so they equal it bit for bit.
-    use super::{combine, Kind, CHUNK, XBLOCK};
+    //! Decode (one activation row) and the one-output kinds at a few rows look weights up and
+    //! multiply them in registers; the vector formats at a few rows first expand a block of
+    //! four output rows to 16-bit weights in an L1 buffer and stream every activation row past
+    //! it. Weights are multiplied as unsigned `w + 128` (the lookup tables and INT8 bytes are
+    //! flipped by `0x80`, so widening is a zero-extend) and `QuantX::corr` takes the offset
+    //! back out. Each block ends with exact 32-bit lane sums fused into f32 lanes
+    //! ([`super::accumulate`]'s arithmetic) and each row with [`super::reduce_lanes`]' order,
+    //! so the kernels equal the scalar reference bit for bit.
+    use super::{Kind, CHUNK, LANES, XBLOCK};
     use std::arch::x86_64::*;
 
     const LUT4: u8 = 0;
@@ -756,8 +805,11 @@ mod avx2 {
     const INT8: u8 = 3;
     /// Chunks per activation block.
     const PER_BLOCK: usize = XBLOCK / CHUNK;
+    /// Most activation rows per call (prefill takes the f32 GEMM path).
+    const MAX_T: usize = super::GEMM_MIN_T - 1;
 
     /// One kernel call: `n_rows` index rows from `row` (`row_bytes` apart), `t` activation rows.
+    #[derive(Clone, Copy)]
     pub(super) struct Args {
         pub tables: *const i8,
         pub row: *const u8,
@@ -769,6 +821,8 @@ mod avx2 {
         pub planes: usize,
         pub xq: *const i16,
         pub xs: *const f32,
+        /// `QuantX::corr`.
+        pub corr: *const i32,
         pub nblocks: usize,
         /// Scales of the output rows of the first index row on.
         pub scale: *const f32,
@@ -780,6 +834,21 @@ mod avx2 {
     /// # Safety
     /// AVX2 must be available and `a` describe valid buffers (see `DotMatrix::rows`).
     pub(super) unsafe fn rows(kind: Kind, a: &Args) {
+        if a.t > MAX_T {
+            // `block_rows` keeps MAX_T rows of lanes: split (only direct callers get here).
+            for t0 in (0..a.t).step_by(MAX_T) {
+                let part = Args {
+                    t: MAX_T.min(a.t - t0),
+                    xq: a.xq.add(t0 * 2 * a.cin_pad),
+                    xs: a.xs.add(t0 * a.nblocks * 2),
+                    corr: a.corr.add(t0 * a.nblocks * 2 * LANES),
+                    out: a.out.add(t0 * a.out_t_stride),
+                    ..*a
+                };
+                rows(kind, &part);
+            }
+            return;
+        }
         macro_rules! go {
             ($k:expr) => {
                 match (a.t, a.planes, nw($k) == 1) {
@@ -821,21 +890,26 @@ mod avx2 {
     struct Tabs {
         t: [__m256i; 8],
         m15: __m256i,
+        /// XORed into INT8 weights: `0x80` for the dot kernels' unsigned weights, 0 to decode.
+        flip: __m256i,
     }
 
+    /// Tables as signed weights (`unsigned` false) or as `w + 128` (`w ^ 0x80`).
     #[inline(always)]
-    unsafe fn tabs(k: u8, tables: *const i8) -> Tabs {
+    unsafe fn tabs(k: u8, tables: *const i8, unsigned: bool) -> Tabs {
         let n = match k {
             LUT4 => 1,
             VEC16 => 2,
             VEC64 => 8,
             _ => 0,
         };
+        let flip = if unsigned { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
         let mut t = [_mm256_setzero_si256(); 8];
         for (i, v) in t.iter_mut().enumerate().take(n) {
-            *v = _mm256_broadcastsi128_si256(_mm_loadu_si128(tables.add(16 * i) as *const __m128i));
+            let tab = _mm256_broadcastsi128_si256(_mm_loadu_si128(tables.add(16 * i) as *const __m128i));
+            *v = _mm256_xor_si256(tab, flip);
         }
-        Tabs { t, m15: _mm256_set1_epi8(15) }
+        Tabs { t, m15: _mm256_set1_epi8(15), flip }
     }
 
     /// Low nibbles then high nibbles of 16 bytes: the 32 4-bit indices in column order.
@@ -855,7 +929,8 @@ mod avx2 {
         _mm256_blendv_epi8(v01, v23, b5)
     }
 
-    /// The chunk at `p` as `nw(K)` vectors of 32 signed weights in column order.
+    /// The chunk at `p` as `nw(K)` vectors of 32 weights in column order (signed, or `w + 128`
+    /// with tables from `tabs(.., true)`).
     #[inline(always)]
     unsafe fn weights<const K: u8>(p: *const u8, tb: &Tabs) -> [__m256i; 2] {
         let zero = _mm256_setzero_si256();
@@ -873,25 +948,41 @@ mod avx2 {
                 let lo = nibbles(p, tb.m15);
                 [look64(&tb.t[..4], lo, b4, b5), look64(&tb.t[4..], lo, b4, b5)]
             }
-            _ => [_mm256_loadu_si256(p as *const __m256i), zero],
+            _ => [_mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), tb.flip), zero],
         }
     }
 
-    /// 32 signed bytes as two vectors of 16-bit values, in the in-lane unpack order that the
+    /// 32 unsigned bytes as two vectors of 16-bit values, in the in-lane unpack order that the
     /// activations are stored in (see `xpos`).
     #[inline(always)]
     unsafe fn widen(w: __m256i) -> (__m256i, __m256i) {
-        let s = _mm256_cmpgt_epi8(_mm256_setzero_si256(), w);
-        (_mm256_unpacklo_epi8(w, s), _mm256_unpackhi_epi8(w, s))
+        let z = _mm256_setzero_si256();
+        (_mm256_unpacklo_epi8(w, z), _mm256_unpackhi_epi8(w, z))
     }
 
-    /// Exact sum of the eight 32-bit lanes (a block's total fits in 32 bits: see `XBLOCK`).
+    /// Ends a block for one output: the exact lane sums `acc − corr` (the unsigned offset taken
+    /// back out) fused into the f32 lanes with the block's scale `s`.
     #[inline(always)]
-    unsafe fn hsum(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
-        _mm_cvtsi128_si32(s)
+    unsafe fn close_block(lanes: __m256, acc: __m256i, corr: *const i32, s: *const f32) -> __m256 {
+        let exact = _mm256_sub_epi32(acc, _mm256_loadu_si256(corr as *const __m256i));
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_broadcast_ss(&*s), lanes)
+    }
+
+    /// The eight lanes summed in `reduce_lanes` order.
+    #[inline(always)]
+    unsafe fn reduce(v: __m256) -> f32 {
+        let h = _mm256_hadd_ps(v, v);
+        let h = _mm256_hadd_ps(h, h);
+        _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h)))
+    }
+
+    /// Eight rows' lanes summed at once, each in `reduce_lanes` order: row `i` in lane `i`.
+    #[inline(always)]
+    unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
+        let g0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        let g1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+        // g0 = [r0..r3 of lanes 0–3 | r0..r3 of lanes 4–7], g1 likewise for rows 4–7.
+        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(g0, g1), _mm256_permute2f128_ps::<0x31>(g0, g1))
     }
 
     /// `acc + madd(lo, x[0]) + madd(hi, x[1])`.
@@ -929,7 +1020,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode_f32_k<const K: u8>(a: &DecodeArgs) {
         let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out } = *a;
-        let tb = tabs(K, tables);
+        let tb = tabs(K, tables, false);
         let cb = chunk_bytes(K);
         let mut tail = [0f32; CHUNK];
         for g in 0..n_idx {
@@ -954,16 +1045,33 @@ mod avx2 {
         }
     }
 
-    /// One activation row: lookups and products in registers.
+    /// One activation row: lookups and products in registers, eight outputs reduced and stored
+    /// together.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
-        let tb = tabs(K, a.tables);
+        let tb = tabs(K, a.tables, true);
         // One index row at a time. Several in flight would share the activation loads, but each
         // is its own stream of weight bytes and the hardware prefetchers fall behind: four lut4
         // or INT8 rows of SmolLM2's 576-wide head ran at half the speed of one, and on
         // 17408×5120 no row count beat one by more than this machine's run-to-run noise.
-        for r in 0..a.n_rows {
+        let per = 8 / nw(K);
+        let mut r = 0;
+        while r + per <= a.n_rows {
+            let mut v = [_mm256_setzero_ps(); 8];
+            for i in 0..per {
+                let l = row_lanes::<K, P, 1>(a, &tb, r + i, 0);
+                v[i * nw(K)] = l[0][0];
+                if nw(K) == 2 {
+                    v[i * 2 + 1] = l[0][1];
+                }
+            }
+            let o0 = r * nw(K);
+            _mm256_storeu_ps(a.out.add(o0), _mm256_mul_ps(reduce8(&v), _mm256_loadu_ps(a.scale.add(o0))));
+            r += per;
+        }
+        while r < a.n_rows {
             row_in_registers::<K, P, 1>(a, &tb, r, 0);
+            r += 1;
         }
     }
 
@@ -971,38 +1079,73 @@ mod avx2 {
     /// (`nw · T ≤ 4` outputs in flight).
     #[inline(always)]
     unsafe fn row_in_registers<const K: u8, const P: usize, const T: usize>(a: &Args, tb: &Tabs, r: usize, t0: usize) {
+        let lanes = row_lanes::<K, P, T>(a, tb, r, t0);
+        let o0 = r * nw(K);
+        for (t, lt) in lanes.iter().enumerate() {
+            for (v, &l) in lt.iter().enumerate().take(nw(K)) {
+                *a.out.add((t0 + t) * a.out_t_stride + o0 + v) = reduce(l) * *a.scale.add(o0 + v);
+            }
+        }
+    }
+
+    /// The f32 lanes of index row `r` against activation rows `t0..t0+T`, per output.
+    #[inline(always)]
+    unsafe fn row_lanes<const K: u8, const P: usize, const T: usize>(
+        a: &Args,
+        tb: &Tabs,
+        r: usize,
+        t0: usize,
+    ) -> [[__m256; 2]; T] {
         let zero = _mm256_setzero_si256();
-        let mut out = [[0f32; 2]; T];
+        let mut lanes = [[_mm256_setzero_ps(); 2]; T];
         let mut c = 0usize;
         for b in 0..a.nblocks {
-            let cend = (c + PER_BLOCK).min(a.nchunks);
+            let n = PER_BLOCK.min(a.nchunks - c);
             let mut acc = [[[zero; 2]; 2]; T];
-            while c < cend {
-                let w = weights::<K>(a.row.add(r * a.row_bytes + c * chunk_bytes(K)), tb);
-                for (v, &wv) in w.iter().enumerate().take(nw(K)) {
-                    let (lo, hi) = widen(wv);
-                    for (t, at) in acc.iter_mut().enumerate() {
-                        let x = a.xq.add((t0 + t) * 2 * a.cin_pad + c * 2 * CHUNK) as *const __m256i;
-                        at[v][0] = mac(at[v][0], lo, hi, x);
-                        if P == 2 {
-                            at[v][1] = mac(at[v][1], lo, hi, x.add(2));
-                        }
-                    }
-                }
-                c += 1;
+            // A full block with a constant trip count: unrolled, no loop-exit misprediction.
+            if n == PER_BLOCK {
+                chunks_in_registers::<K, P, T>(a, tb, r, t0, c, PER_BLOCK, &mut acc);
+            } else {
+                chunks_in_registers::<K, P, T>(a, tb, r, t0, c, n, &mut acc);
             }
-            for (t, at) in acc.iter().enumerate() {
-                let xs = a.xs.add(((t0 + t) * a.nblocks + b) * 2);
-                for v in 0..nw(K) {
-                    let a2 = if P == 2 { hsum(at[v][1]) } else { 0 };
-                    out[t][v] += combine(hsum(at[v][0]), a2, *xs, *xs.add(1));
+            c += n;
+            for (t, (at, lt)) in acc.iter().zip(lanes.iter_mut()).enumerate() {
+                let blk = ((t0 + t) * a.nblocks + b) * 2;
+                for (l, av) in lt.iter_mut().zip(at).take(nw(K)) {
+                    for (p, &ap) in av.iter().enumerate().take(P) {
+                        *l = close_block(*l, ap, a.corr.add((blk + p) * LANES), a.xs.add(blk + p));
+                    }
                 }
             }
         }
-        let o0 = r * nw(K);
-        for (t, ot) in out.iter().enumerate() {
-            for (v, val) in ot.iter().enumerate().take(nw(K)) {
-                *a.out.add((t0 + t) * a.out_t_stride + o0 + v) = val * *a.scale.add(o0 + v);
+        lanes
+    }
+
+    /// `n` chunks from chunk `c0` of index row `r` into `acc` (per activation row, output,
+    /// plane).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn chunks_in_registers<const K: u8, const P: usize, const T: usize>(
+        a: &Args,
+        tb: &Tabs,
+        r: usize,
+        t0: usize,
+        c0: usize,
+        n: usize,
+        acc: &mut [[[__m256i; 2]; 2]; T],
+    ) {
+        let row = a.row.add(r * a.row_bytes + c0 * chunk_bytes(K));
+        for i in 0..n {
+            let w = weights::<K>(row.add(i * chunk_bytes(K)), tb);
+            for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                let (lo, hi) = widen(wv);
+                for (t, at) in acc.iter_mut().enumerate() {
+                    let x = a.xq.add((t0 + t) * 2 * a.cin_pad + (c0 + i) * 2 * CHUNK) as *const __m256i;
+                    at[v][0] = mac(at[v][0], lo, hi, x);
+                    if P == 2 {
+                        at[v][1] = mac(at[v][1], lo, hi, x.add(2));
+                    }
+                }
             }
         }
     }
@@ -1012,7 +1155,7 @@ mod avx2 {
     /// to a buffer first, as `block_rows` does, costs INT8 and lut4 more than it saves.)
     #[target_feature(enable = "avx2,fma")]
     unsafe fn pass_rows<const K: u8, const P: usize>(a: &Args) {
-        let tb = tabs(K, a.tables);
+        let tb = tabs(K, a.tables, true);
         for r in 0..a.n_rows {
             let mut t0 = 0;
             while t0 < a.t {
@@ -1033,7 +1176,7 @@ mod avx2 {
     /// reading activations from L2.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn block_rows<const K: u8, const P: usize>(a: &Args) {
-        let tb = tabs(K, a.tables);
+        let tb = tabs(K, a.tables, true);
         let per_group = 4 / nw(K);
         let mut r = 0;
         while r < a.n_rows {
@@ -1048,7 +1191,7 @@ mod avx2 {
         }
     }
 
-    /// `NO` output rows from index row `r0` on, for every activation row.
+    /// `NO` output rows from index row `r0` on, for every activation row (`t ≤ MAX_T`).
     #[inline(always)]
     unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb: &Tabs, r0: usize) {
         let cb = chunk_bytes(K);
@@ -1056,11 +1199,7 @@ mod avx2 {
         let o0 = r0 * nw(K);
         // Per output row, per chunk: the low and high 16-lane halves.
         let mut wbuf = [zero; 4 * 2 * PER_BLOCK];
-        for t in 0..a.t {
-            for o in 0..NO {
-                *a.out.add(t * a.out_t_stride + o0 + o) = 0.0;
-            }
-        }
+        let mut lanes = [[_mm256_setzero_ps(); NO]; MAX_T];
         let mut c0 = 0usize;
         for b in 0..a.nblocks {
             let nc = (c0 + PER_BLOCK).min(a.nchunks) - c0;
@@ -1078,7 +1217,7 @@ mod avx2 {
                     }
                 }
             }
-            for t in 0..a.t {
+            for (t, lt) in lanes.iter_mut().enumerate().take(a.t) {
                 let mut acc = [[zero; 2]; NO];
                 let xt = a.xq.add(t * 2 * a.cin_pad + c0 * 2 * CHUNK) as *const __m256i;
                 for c in 0..nc {
@@ -1091,17 +1230,18 @@ mod avx2 {
                         }
                     }
                 }
-                let xs = a.xs.add((t * a.nblocks + b) * 2);
-                for (o, ao) in acc.iter().enumerate() {
-                    let a2 = if P == 2 { hsum(ao[1]) } else { 0 };
-                    *a.out.add(t * a.out_t_stride + o0 + o) += combine(hsum(ao[0]), a2, *xs, *xs.add(1));
+                let blk = (t * a.nblocks + b) * 2;
+                for (ao, l) in acc.iter().zip(lt.iter_mut()) {
+                    for (p, &ap) in ao.iter().enumerate().take(P) {
+                        *l = close_block(*l, ap, a.corr.add((blk + p) * LANES), a.xs.add(blk + p));
+                    }
                 }
             }
             c0 += nc;
         }
-        for t in 0..a.t {
-            for o in 0..NO {
-                *a.out.add(t * a.out_t_stride + o0 + o) *= *a.scale.add(o0 + o);
+        for (t, lt) in lanes.iter().enumerate().take(a.t) {
+            for (o, &l) in lt.iter().enumerate() {
+                *a.out.add(t * a.out_t_stride + o0 + o) = reduce(l) * *a.scale.add(o0 + o);
             }
         }
     }

@@ -133,7 +133,8 @@ fn int8_kernels_match_scalar_reference_and_dense() {
 fn integer_dot_kernels_match_scalar_reference_and_dense() {
     let mut rng = Rng(11);
     // Ragged edges in both dimensions, and inputs spanning several activation blocks.
-    let shapes = SHAPES.into_iter().chain([(64, 128), (34, 300), (6, 1000), (10, 1100), (4, 2048)]);
+    let shapes =
+        SHAPES.into_iter().chain([(64, 128), (34, 300), (6, 1000), (10, 1100), (4, 2048), (6, 2080), (18, 4200)]);
     for (cout, cin) in shapes {
         for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64] {
             let m = random_lut_int(format, cout, cin, &mut rng);
@@ -229,6 +230,48 @@ fn extreme_indices_and_int8_values_decode() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn integer_sums_are_exact_at_the_extremes() {
+    // The largest weights against the largest activation codes over whole blocks: each lane
+    // then sums 256 products of 255 · 32767 (unsigned weights), the most a block can hold. All
+    // inputs equal, so the activations quantize exactly and the result is known in closed form.
+    for cin in [intdot::XBLOCK, intdot::XBLOCK + 96, 2 * intdot::XBLOCK] {
+        for (wv, xv) in [(127i8, 1f32), (-128, 1.0), (127, -1.0), (-128, -1.0)] {
+            let m = Int8Matrix { cout: 9, cin, q: vec![wv; 9 * cin], scale: vec![1.0; 9] };
+            let p = PackedMatrix::from_int8(&m);
+            let x = vec![xv; cin];
+            let want = wv as f32 * xv * cin as f32;
+            for backend in [Backend::Scalar, Backend::Avx2] {
+                let mut y = vec![0f32; 9];
+                p.matmul_with(backend, &x, 1, &mut y);
+                assert!(y.iter().all(|&v| v == want), "{backend:?} w={wv} x={xv} cin={cin}: {y:?} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn many_rows_through_the_dot_kernels_equal_the_scalar_reference() {
+    // Direct callers may pass more rows than a kernel call holds; they are split.
+    use intdot::{matmul_many, QuantX};
+    let mut rng = Rng(5);
+    for format in [Format::Lut4, Format::Vec2x64] {
+        let m = random_lut_int(format, 20, 300, &mut rng);
+        let p = PackedMatrix::from_lut(&m);
+        let d = p.as_dot().unwrap();
+        let t = 2 * intdot::GEMM_MIN_T + 3;
+        let x: Vec<f32> = (0..t * 300).map(|_| rng.f()).collect();
+        let qx = QuantX::new(&x, t, 300);
+        let (mut ys, mut ya) = (vec![0f32; t * 20], vec![0f32; t * 20]);
+        matmul_many(false, &[d], &qx, &mut [&mut ys]);
+        matmul_many(true, &[d], &qx, &mut [&mut ya]);
+        assert_eq!(
+            ys.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            ya.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
     }
 }
 
