@@ -209,11 +209,12 @@ fn absmax_finite(v: &[f32]) -> (f32, bool) {
 }
 
 /// Quantize one chunk (≤ 32 values, zero-padded) with `inv`, writing the codes in [`xpos`]
-/// order: columns 0–7 and 24–31 stay, 8–15 and 16–23 swap.
-#[inline(always)]
-fn quantize_chunk(v: &[f32], inv: f32, out: &mut [i16], codes: &mut [f32; CHUNK]) {
+/// order (columns 0–7 and 24–31 stay, 8–15 and 16–23 swap) and the residuals `v − code · s`
+/// in column order.
+fn quantize_chunk(v: &[f32], inv: f32, s: f32, out: &mut [i16], resid: &mut [f32]) {
     let mut buf = [0f32; CHUNK];
     buf[..v.len()].copy_from_slice(v);
+    let mut codes = [0f32; CHUNK];
     for k in 0..CHUNK {
         codes[k] = round_small(buf[k] * inv);
     }
@@ -225,6 +226,9 @@ fn quantize_chunk(v: &[f32], inv: f32, out: &mut [i16], codes: &mut [f32; CHUNK]
     out[8..16].copy_from_slice(&q[16..24]);
     out[16..24].copy_from_slice(&q[8..16]);
     out[24..32].copy_from_slice(&q[24..32]);
+    for (k, r) in resid.iter_mut().enumerate().take(v.len()) {
+        *r = v[k] - codes[k] * s;
+    }
 }
 
 impl QuantX {
@@ -235,13 +239,37 @@ impl QuantX {
 
     /// Quantize with 1 or 2 planes whatever the process-wide setting.
     pub fn with_planes(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
+        Self::quantize(x, t, cin, planes, crate::simd::has_avx2_fma())
+    }
+
+    /// The same through the portable code alone (the reference the AVX2 path must equal).
+    pub fn with_planes_scalar(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
+        Self::quantize(x, t, cin, planes, false)
+    }
+
+    fn quantize(x: &[f32], t: usize, cin: usize, planes: usize, simd: bool) -> QuantX {
         assert!(planes == 1 || planes == 2, "1 or 2 activation planes");
         let cin_pad = cin.div_ceil(CHUNK) * CHUNK;
         let nblocks = cin_pad.div_ceil(XBLOCK);
         let mut q = vec![0i16; t * 2 * cin_pad];
         let mut scale = vec![0f32; t * nblocks * 2];
         let mut resid = [0f32; XBLOCK];
-        let mut codes = [0f32; CHUNK];
+        let chunk: fn(&[f32], f32, f32, &mut [i16], &mut [f32]) = {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if simd {
+                    // SAFETY (of the call through this pointer): AVX2 was detected.
+                    |v, inv, s, out, res| unsafe { avx2::quantize_chunk(v, inv, s, out, res) }
+                } else {
+                    quantize_chunk
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = simd;
+                quantize_chunk
+            }
+        };
         for r in 0..t {
             let xr = &x[r * cin..(r + 1) * cin];
             let qr = &mut q[r * 2 * cin_pad..(r + 1) * 2 * cin_pad];
@@ -262,10 +290,7 @@ impl QuantX {
                 // Blocks start on chunk boundaries (XBLOCK is a multiple of CHUNK).
                 for (c, xc) in xb.chunks(CHUNK).enumerate() {
                     let out = &mut qr[(j0 / CHUNK + c) * 2 * CHUNK..][..CHUNK];
-                    quantize_chunk(xc, inv1, out, &mut codes);
-                    for (k, &v) in xc.iter().enumerate() {
-                        resid[c * CHUNK + k] = v - codes[k] * s1;
-                    }
+                    chunk(xc, inv1, s1, out, &mut resid[c * CHUNK..(c + 1) * CHUNK]);
                 }
                 sc[0] = s1;
                 if planes == 1 {
@@ -274,11 +299,12 @@ impl QuantX {
                 let res = &resid[..xb.len()];
                 let (m2, _) = absmax_finite(res);
                 if m2 > 0.0 {
-                    let inv2 = XMAX / m2;
-                    sc[1] = m2 / XMAX;
+                    let (s2, inv2) = (m2 / XMAX, XMAX / m2);
+                    sc[1] = s2;
+                    let mut scratch = [0f32; CHUNK];
                     for (c, rc) in res.chunks(CHUNK).enumerate() {
                         let out = &mut qr[(j0 / CHUNK + c) * 2 * CHUNK + CHUNK..][..CHUNK];
-                        quantize_chunk(rc, inv2, out, &mut codes);
+                        chunk(rc, inv2, s2, out, &mut scratch);
                     }
                 }
             }
@@ -288,9 +314,13 @@ impl QuantX {
             let qr = &q[r * 2 * cin_pad..(r + 1) * 2 * cin_pad];
             for (c, qc) in qr.chunks(2 * CHUNK).enumerate() {
                 let b = c * CHUNK / XBLOCK;
-                for (k, &v) in qc.iter().enumerate() {
-                    let plane = k / CHUNK;
-                    cr[(b * 2 + plane) * LANES + lane(k % CHUNK)] += 128 * v as i32;
+                for (plane, qp) in qc.chunks(CHUNK).enumerate() {
+                    let cl = &mut cr[(b * 2 + plane) * LANES..][..LANES];
+                    // Lane l holds positions 2l, 2l + 1, 16 + 2l and 17 + 2l (see `lane`).
+                    for (l, acc) in cl.iter_mut().enumerate() {
+                        let (a, b) = (&qp[2 * l..2 * l + 2], &qp[16 + 2 * l..18 + 2 * l]);
+                        *acc += 128 * (a[0] as i32 + a[1] as i32 + b[0] as i32 + b[1] as i32);
+                    }
                 }
             }
         }
@@ -966,6 +996,34 @@ mod avx2 {
     unsafe fn close_block(lanes: __m256, acc: __m256i, corr: *const i32, s: *const f32) -> __m256 {
         let exact = _mm256_sub_epi32(acc, _mm256_loadu_si256(corr as *const __m256i));
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_broadcast_ss(&*s), lanes)
+    }
+
+    /// `super::quantize_chunk` in AVX2, with the same f32 operations (multiply, round to nearest
+    /// even, multiply and subtract, unfused) so the codes and residuals are identical.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `out` holds 32 codes, `resid` at least `v.len() ≤ 32` values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_chunk(v: &[f32], inv: f32, s: f32, out: &mut [i16], resid: &mut [f32]) {
+        assert!(v.len() <= CHUNK && out.len() >= CHUNK && resid.len() >= v.len());
+        let mut buf = [0f32; CHUNK];
+        buf[..v.len()].copy_from_slice(v);
+        let (vinv, vs) = (_mm256_set1_ps(inv), _mm256_set1_ps(s));
+        let mut codes = [_mm256_setzero_si256(); 4];
+        let mut res = [0f32; CHUNK];
+        for (i, c) in codes.iter_mut().enumerate() {
+            let x = _mm256_loadu_ps(buf.as_ptr().add(8 * i));
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, vinv));
+            *c = _mm256_cvtps_epi32(r);
+            _mm256_storeu_ps(res.as_mut_ptr().add(8 * i), _mm256_sub_ps(x, _mm256_mul_ps(r, vs)));
+        }
+        // Columns [0–7, 16–23] then [8–15, 24–31]: `packs` interleaves 128-bit halves, the
+        // permute puts them back in order.
+        let ac = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(codes[0], codes[2]));
+        let bd = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(codes[1], codes[3]));
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, ac);
+        _mm256_storeu_si256(out.as_mut_ptr().add(16) as *mut __m256i, bd);
+        resid[..v.len()].copy_from_slice(&res[..v.len()]);
     }
 
     /// The eight lanes summed in `reduce_lanes` order.

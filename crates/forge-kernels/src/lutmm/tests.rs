@@ -414,3 +414,23 @@ fn simd_decode_equals_scalar_decode() {
         }
     }
 }
+
+#[test]
+fn simd_activation_quantization_equals_scalar() {
+    use intdot::QuantX;
+    let mut rng = Rng(29);
+    for (t, cin) in [(1, 1), (1, 31), (2, 576), (3, 1536), (1, 2100), (2, 4200)] {
+        for planes in [1, 2] {
+            let mut x: Vec<f32> = (0..t * cin).map(|i| rng.f() * if i % 97 == 0 { 300.0 } else { 1.0 }).collect();
+            if cin > 1000 {
+                x[5] = f32::NAN; // a non-finite block, and finite ones after it
+            }
+            let a = QuantX::with_planes(&x, t, cin, planes);
+            let b = QuantX::with_planes_scalar(&x, t, cin, planes);
+            assert_eq!(a.q, b.q, "codes t={t} cin={cin} planes={planes}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.scale), bits(&b.scale), "scales t={t} cin={cin} planes={planes}");
+            assert_eq!(a.corr, b.corr, "corrections t={t} cin={cin} planes={planes}");
+        }
+    }
+}
