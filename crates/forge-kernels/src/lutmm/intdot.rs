@@ -835,6 +835,8 @@ mod avx2 {
     const INT8: u8 = 3;
     /// Chunks per activation block.
     const PER_BLOCK: usize = XBLOCK / CHUNK;
+    /// How far ahead of the weight stream the decode kernels prefetch, bytes.
+    const PREFETCH: usize = 2048;
     /// Most activation rows per call (prefill takes the f32 GEMM path).
     const MAX_T: usize = super::GEMM_MIN_T - 1;
 
@@ -1194,6 +1196,7 @@ mod avx2 {
     ) {
         let row = a.row.add(r * a.row_bytes + c0 * chunk_bytes(K));
         for i in 0..n {
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(i * chunk_bytes(K) + PREFETCH) as *const i8);
             let w = weights::<K>(row.add(i * chunk_bytes(K)), tb);
             for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                 let (lo, hi) = widen(wv);
