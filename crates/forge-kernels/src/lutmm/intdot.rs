@@ -365,13 +365,12 @@ pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f
 }
 
 /// From this many activation rows on (prefill), the SIMD path multiplies integer-dot matrices as
-/// f32: each panel of rows is decoded once per call (exactly: `scale · f · q` is an f32) and
-/// multiplied by `gemm`'s FMA kernels, which sustain ~12 multiply-adds per cycle per core here
-/// against ~8 for 16-bit `pmaddwd` with two activation planes. The activations then need no
-/// quantizing at all.
+/// f32: each group of rows is decoded once per call (exactly: `scale · f · q` is an f32) into a
+/// small L1 buffer and every activation row is dotted against it with FMA tiles of three
+/// activation rows by four weight rows. The activations then need no quantizing at all.
 pub const GEMM_MIN_T: usize = 16;
 
-/// `ys[i] = x Wᵢᵀ` for `t ≥` [`GEMM_MIN_T`] rows: parallel over panels of output rows, each
+/// `ys[i] = x Wᵢᵀ` for `t ≥` [`GEMM_MIN_T`] rows: parallel over groups of output rows, each
 /// decoded to f32 and multiplied straight into its columns of `ys[i]`.
 pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&mut [f32]]) {
     assert_eq!(ms.len(), ys.len());
@@ -383,47 +382,51 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     let mut tasks = Vec::new();
     for (i, m) in ms.iter().enumerate() {
-        // About 256 KiB of decoded panel (stays in L2), an even number of rows (whole row pairs
-        // for the vector formats).
-        let rows = ((128 * 1024 / m.cin.max(1)) & !7).clamp(8, 512);
-        for r0 in (0..m.cout).step_by(rows) {
-            tasks.push((i, r0, rows.min(m.cout - r0)));
+        // Rows decoded together: about 16 KiB of f32 (stays in L1 while every activation row
+        // streams past it), a multiple of 4 (the tile width, and whole row pairs).
+        let rows = ((4096 / m.cin.max(1)) & !3).clamp(4, 64);
+        // Tasks of a few such groups, at least 2 per worker.
+        let per = (m.cout.div_ceil(2 * rayon::current_num_threads()).div_ceil(rows) * rows).clamp(rows, 32 * rows);
+        for r0 in (0..m.cout).step_by(per) {
+            tasks.push((i, r0, per.min(m.cout - r0), rows));
         }
     }
-    tasks.into_par_iter().for_each_init(Vec::new, |buf: &mut Vec<f32>, (i, r0, n)| {
+    tasks.into_par_iter().for_each_init(Vec::new, |buf: &mut Vec<f32>, (i, r0, n, rows)| {
         let m = ms[i];
-        // The decode overwrites the panel: grow the buffer only, never re-zero it.
-        if buf.len() < n * m.cin {
-            buf.resize(n * m.cin, 0.0);
+        if buf.len() < rows * m.cin {
+            buf.resize(rows * m.cin, 0.0);
         }
-        m.decode_rows_with(simd, r0, n, &mut buf[..n * m.cin]);
-        // SAFETY: `x` is t×cin (row stride cin), the panel n×cin read transposed (column stride
-        // cin, row stride 1), and the destination is columns r0..r0+n of the t×cout output
-        // (row stride cout), which no other task writes (asserts above bound every access).
-        unsafe {
-            gemm::gemm(
-                t,
-                n,
-                m.cin,
-                outs[i].0.add(r0),
-                1,
-                m.cout as isize,
-                false,
-                x.as_ptr(),
-                1,
-                m.cin as isize,
-                buf.as_ptr(),
-                m.cin as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            )
+        for g0 in (r0..r0 + n).step_by(rows) {
+            let g = rows.min(r0 + n - g0);
+            // The decode overwrites the rows it returns: no zeroing.
+            m.decode_rows_with(simd, g0, g, &mut buf[..g * m.cin]);
+            // SAFETY: `x` is t×cin, the decoded rows g×cin, and the destination columns
+            // g0..g0+g of the t×cout output (row stride cout), which no other task writes.
+            unsafe { dot_rows(simd, x, t, m.cin, &buf[..g * m.cin], g, outs[i].0.add(g0), m.cout) }
         }
     });
+}
+
+/// `out[i·stride + j] = Σₖ x[i·cin + k] · w[j·cin + k]` for `i < t`, `j < n`: activations
+/// against decoded weight rows, both read as they lie (no packing).
+///
+/// # Safety
+/// `out` must point to `t` rows `stride` apart of at least `n` writable values.
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows(simd: bool, x: &[f32], t: usize, cin: usize, w: &[f32], n: usize, out: *mut f32, stride: usize) {
+    assert!(x.len() >= t * cin && w.len() >= n * cin);
+    #[cfg(target_arch = "x86_64")]
+    if simd && crate::simd::has_avx2_fma() {
+        // SAFETY: AVX2/FMA present; the sizes are asserted above, `out` is the caller's.
+        return avx2::dot_rows(x.as_ptr(), t, cin, w.as_ptr(), n, out, stride);
+    }
+    let _ = simd;
+    for i in 0..t {
+        for j in 0..n {
+            let d = x[i * cin..(i + 1) * cin].iter().zip(&w[j * cin..(j + 1) * cin]).map(|(a, b)| a * b).sum();
+            *out.add(i * stride + j) = d;
+        }
+    }
 }
 
 /// Kind and shape of a packed matrix, as a compiled cache records them.
@@ -1026,6 +1029,130 @@ mod avx2 {
         _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, ac);
         _mm256_storeu_si256(out.as_mut_ptr().add(16) as *mut __m256i, bd);
         resid[..v.len()].copy_from_slice(&res[..v.len()]);
+    }
+
+    /// See `super::dot_rows`: tiles of 3 activation rows × 4 weight rows, eight inputs per
+    /// step, the tail of a row through masked loads.
+    ///
+    /// # Safety
+    /// AVX2/FMA present; `x` holds `t·cin`, `w` `n·cin` values, `out` `t` rows `stride` apart.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_rows(
+        x: *const f32,
+        t: usize,
+        cin: usize,
+        w: *const f32,
+        n: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let mut i = 0;
+        while i < t {
+            let mut j = 0;
+            match t - i {
+                1 => {
+                    while j < n {
+                        dot_tile_any::<1>(
+                            x.add(i * cin),
+                            cin,
+                            w.add(j * cin),
+                            (n - j).min(4),
+                            out.add(i * stride + j),
+                            stride,
+                        );
+                        j += 4;
+                    }
+                }
+                2 => {
+                    while j < n {
+                        dot_tile_any::<2>(
+                            x.add(i * cin),
+                            cin,
+                            w.add(j * cin),
+                            (n - j).min(4),
+                            out.add(i * stride + j),
+                            stride,
+                        );
+                        j += 4;
+                    }
+                }
+                _ => {
+                    while j + 4 <= n {
+                        let s = dot_tile::<3, 4>(x.add(i * cin), cin, w.add(j * cin));
+                        let g = reduce8(&[s[0][0], s[0][1], s[0][2], s[0][3], s[1][0], s[1][1], s[1][2], s[1][3]]);
+                        _mm_storeu_ps(out.add(i * stride + j), _mm256_castps256_ps128(g));
+                        _mm_storeu_ps(out.add((i + 1) * stride + j), _mm256_extractf128_ps::<1>(g));
+                        for (c, &v) in s[2].iter().enumerate() {
+                            *out.add((i + 2) * stride + j + c) = reduce(v);
+                        }
+                        j += 4;
+                    }
+                    if j < n {
+                        dot_tile_any::<3>(x.add(i * cin), cin, w.add(j * cin), n - j, out.add(i * stride + j), stride);
+                    }
+                }
+            }
+            i += 3;
+        }
+    }
+
+    /// An edge tile: `R` activation rows against `nw ≤ 4` weight rows.
+    #[inline(always)]
+    unsafe fn dot_tile_any<const R: usize>(
+        x: *const f32,
+        cin: usize,
+        w: *const f32,
+        nw: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let s: [[__m256; 4]; R] = match nw {
+            4 => dot_tile::<R, 4>(x, cin, w),
+            3 => pad(dot_tile::<R, 3>(x, cin, w)),
+            2 => pad(dot_tile::<R, 2>(x, cin, w)),
+            _ => pad(dot_tile::<R, 1>(x, cin, w)),
+        };
+        for (r, sr) in s.iter().enumerate() {
+            for (c, &v) in sr.iter().enumerate().take(nw) {
+                *out.add(r * stride + c) = reduce(v);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn pad<const R: usize, const C: usize>(s: [[__m256; C]; R]) -> [[__m256; 4]; R] {
+        // SAFETY: all-zero bits are a valid __m256.
+        let z = unsafe { _mm256_setzero_ps() };
+        s.map(|r| std::array::from_fn(|c| if c < C { r[c] } else { z }))
+    }
+
+    /// Lane sums of `R × C` dot products over `cin` inputs (rows `cin` apart).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // indexing keeps the accumulators in registers
+    unsafe fn dot_tile<const R: usize, const C: usize>(x: *const f32, cin: usize, w: *const f32) -> [[__m256; C]; R] {
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut k = 0;
+        while k + 8 <= cin {
+            let xv: [__m256; R] = std::array::from_fn(|r| _mm256_loadu_ps(x.add(r * cin + k)));
+            for c in 0..C {
+                let wv = _mm256_loadu_ps(w.add(c * cin + k));
+                for r in 0..R {
+                    acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+                }
+            }
+            k += 8;
+        }
+        if k < cin {
+            let m = _mm256_cmpgt_epi32(_mm256_set1_epi32((cin - k) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            let xv: [__m256; R] = std::array::from_fn(|r| _mm256_maskload_ps(x.add(r * cin + k), m));
+            for c in 0..C {
+                let wv = _mm256_maskload_ps(w.add(c * cin + k), m);
+                for r in 0..R {
+                    acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+                }
+            }
+        }
+        acc
     }
 
     /// The eight lanes summed in `reduce_lanes` order.
