@@ -39,7 +39,7 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
     let text = "The capital of France is Paris, and the capital of Italy is Rome. def add(a, b):\n    return a + b\n";
     let tok = q.tokenizer.as_ref().expect("tokenizer");
     let toks: Vec<u32> = tok.encode(text, false).unwrap();
-    // The prefill block must be long enough for the f32 GEMM path.
+    // The prefill block must be long enough for the f32 path.
     assert!(toks.len() >= lutmm::intdot::GEMM_MIN_T + 5, "{} tokens", toks.len());
     let v = q.model.cfg.vocab_size;
 
@@ -56,7 +56,7 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
         assert!(e < 1e-3, "token {i}: max |Δlogit| {e}");
         assert_eq!(argmax(&row), argmax(want), "argmax at token {i}");
     }
-    // A prefill block (T ≥ GEMM_MIN_T: decoded panels and f32 GEMM) and a verify-sized block (T = 5).
+    // A prefill block (T ≥ GEMM_MIN_T: decoded rows and f32 FMA tiles) and a verify-sized block (T = 5).
     let mut s = q.model.new_session();
     let head = q.model.forward(&mut s, &toks[..toks.len() - 5], Logits::All).unwrap();
     let tail = q.model.forward(&mut s, &toks[toks.len() - 5..], Logits::All).unwrap();

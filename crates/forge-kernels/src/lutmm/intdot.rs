@@ -781,7 +781,6 @@ impl DotMatrix {
     /// Reference on the same packed data: per block and activation plane, exact integer sums in
     /// the SIMD kernels' eight lanes, each taken to f32 and fused into the row's lanes by
     /// [`accumulate`]; the lanes summed in [`reduce_lanes`] order at the end.
-    #[allow(clippy::too_many_arguments)]
     fn group_scalar(&self, row: &[u8], qx: &QuantX, t0: usize, tc: usize, out: &mut [f32]) {
         let nr = self.kind.rows();
         let nchunks = self.cin_pad / CHUNK;
@@ -840,7 +839,7 @@ mod avx2 {
     const PER_BLOCK: usize = XBLOCK / CHUNK;
     /// How far ahead of the weight stream the decode kernels prefetch, bytes.
     const PREFETCH: usize = 2048;
-    /// Most activation rows per call (prefill takes the f32 GEMM path).
+    /// Most activation rows per call (prefill takes the f32 path).
     const MAX_T: usize = super::GEMM_MIN_T - 1;
 
     /// One kernel call: `n_rows` index rows from `row` (`row_bytes` apart), `t` activation rows.
