@@ -200,6 +200,19 @@ mod tests {
                     for (a, b) in got[h * d..(h + 1) * d].iter().zip(&want) {
                         assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "d={d} g={g} n={n} head {h}: {a} vs {b}");
                     }
+                    // One head on its own gives the same bits as inside the group (the model
+                    // splits decode attention per query head, verify and prefill per group).
+                    let mut alone = vec![0f32; d];
+                    let mut s1 = vec![0f32; n];
+                    attend_group(
+                        &q[h * d..(h + 1) * d],
+                        d,
+                        hist(&keys, &values, n, stride, d),
+                        0.3,
+                        &mut s1,
+                        &mut alone,
+                    );
+                    assert_eq!(alone, got[h * d..(h + 1) * d], "d={d} g={g} n={n} head {h} alone");
                 }
             }
         }

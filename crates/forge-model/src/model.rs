@@ -366,25 +366,28 @@ impl Model {
         let row = cache.row;
         let (keys, values) = (&cache.k, &cache.v);
         // One task item per (token, key/value head): the query heads of a group go together so
-        // each cached key and value row is read once for all of them.
+        // each cached key and value row is read once for all of them. When that leaves fewer
+        // items than two per worker (decode: SmolLM2 has 3 key/value heads for 2 workers), one
+        // item per query head instead; `attend_group` gives the same bits either way.
+        let threads = rayon::current_num_threads();
+        let per_item = if t * kvh < 2 * threads { 1 } else { group };
         let one = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
-            let (i, kh) = (idx / kvh, idx % kvh);
-            let h0 = i * nh + kh * group;
-            let qg = &q[h0 * hd..(h0 + group) * hd];
-            let kv = History { keys, values, n: pos0 + i + 1, stride: row, offset: kh * hd };
+            let (i, h0) = (idx * per_item / nh, idx * per_item % nh);
+            let qg = &q[(i * nh + h0) * hd..(i * nh + h0 + per_item) * hd];
+            let kv = History { keys, values, n: pos0 + i + 1, stride: row, offset: h0 / group * hd };
             attend_group(qg, hd, kv, scale, scores, o);
         };
-        let gsize = group * hd;
+        let gsize = per_item * hd;
         // Fork only when there is enough work to pay for it (not for decode at short context).
         if fork((pos0 + t) * t * nh * hd) {
-            // Two tasks per worker, each with its own score buffer.
-            let per = (t * kvh).div_ceil(2 * rayon::current_num_threads());
+            // Two tasks per worker, each with its own score buffer; single heads one by one.
+            let per = if per_item == 1 { 1 } else { (t * nh / per_item).div_ceil(2 * threads) };
             par_chunks_mut(&mut out, per * gsize, &|i, o| {
-                let mut scores = vec![0f32; group * (pos0 + t)];
+                let mut scores = vec![0f32; per_item * (pos0 + t)];
                 o.chunks_mut(gsize).enumerate().for_each(|(k, og)| one(&mut scores, (i * per + k, og)));
             });
         } else {
-            let mut scores = vec![0f32; group * (pos0 + t)];
+            let mut scores = vec![0f32; per_item * (pos0 + t)];
             out.chunks_mut(gsize).enumerate().for_each(|item| one(&mut scores, item));
         }
         if cfg.attn_output_gate {
