@@ -1047,51 +1047,43 @@ mod avx2 {
     ) {
         let mut i = 0;
         while i < t {
-            let mut j = 0;
+            let (xi, oi) = (x.add(i * cin), out.add(i * stride));
             match t - i {
-                1 => {
-                    while j < n {
-                        dot_tile_any::<1>(
-                            x.add(i * cin),
-                            cin,
-                            w.add(j * cin),
-                            (n - j).min(4),
-                            out.add(i * stride + j),
-                            stride,
-                        );
-                        j += 4;
-                    }
-                }
-                2 => {
-                    while j < n {
-                        dot_tile_any::<2>(
-                            x.add(i * cin),
-                            cin,
-                            w.add(j * cin),
-                            (n - j).min(4),
-                            out.add(i * stride + j),
-                            stride,
-                        );
-                        j += 4;
-                    }
-                }
+                1 => rows_of_tiles::<1>(xi, cin, w, n, oi, stride),
+                2 => rows_of_tiles::<2>(xi, cin, w, n, oi, stride),
                 _ => {
+                    let mut j = 0;
                     while j + 4 <= n {
-                        let s = dot_tile::<3, 4>(x.add(i * cin), cin, w.add(j * cin));
+                        let s = dot_tile::<3, 4>(xi, cin, w.add(j * cin));
                         let g = reduce8(&[s[0][0], s[0][1], s[0][2], s[0][3], s[1][0], s[1][1], s[1][2], s[1][3]]);
-                        _mm_storeu_ps(out.add(i * stride + j), _mm256_castps256_ps128(g));
-                        _mm_storeu_ps(out.add((i + 1) * stride + j), _mm256_extractf128_ps::<1>(g));
+                        _mm_storeu_ps(oi.add(j), _mm256_castps256_ps128(g));
+                        _mm_storeu_ps(oi.add(stride + j), _mm256_extractf128_ps::<1>(g));
                         for (c, &v) in s[2].iter().enumerate() {
-                            *out.add((i + 2) * stride + j + c) = reduce(v);
+                            *oi.add(2 * stride + j + c) = reduce(v);
                         }
                         j += 4;
                     }
                     if j < n {
-                        dot_tile_any::<3>(x.add(i * cin), cin, w.add(j * cin), n - j, out.add(i * stride + j), stride);
+                        dot_tile_any::<3>(xi, cin, w.add(j * cin), n - j, oi.add(j), stride);
                     }
                 }
             }
             i += 3;
+        }
+    }
+
+    /// The last one or two activation rows against all `n` weight rows, four at a time.
+    #[inline(always)]
+    unsafe fn rows_of_tiles<const R: usize>(
+        x: *const f32,
+        cin: usize,
+        w: *const f32,
+        n: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        for j in (0..n).step_by(4) {
+            dot_tile_any::<R>(x, cin, w.add(j * cin), (n - j).min(4), out.add(j), stride);
         }
     }
 
