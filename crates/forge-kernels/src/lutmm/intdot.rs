@@ -164,7 +164,7 @@ pub struct QuantX {
 
 /// Accumulator lanes of the kernels: position `k` of a chunk's stored activations (see
 /// [`xpos`]) adds into lane `(k mod 16) / 2` (what `pmaddwd` pairs and sums).
-pub const LANES: usize = 8;
+const LANES: usize = 8;
 
 #[inline(always)]
 fn lane(k: usize) -> usize {
@@ -244,7 +244,8 @@ impl QuantX {
     }
 
     /// The same through the portable code alone (the reference the AVX2 path must equal).
-    pub fn with_planes_scalar(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
+    #[cfg(test)]
+    pub(crate) fn with_planes_scalar(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
         Self::quantize(x, t, cin, planes, false)
     }
 
