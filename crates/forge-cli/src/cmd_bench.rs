@@ -177,9 +177,12 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
         let logits = model.forward(&mut sess, &prompt, Logits::Last)?;
         let prefill = prompt.len() as f64 / t0.elapsed().as_secs_f64();
         let mut tok = argmax(&logits);
+        sess.reserve(gen);
+        let mut logits = logits;
         let t1 = Instant::now();
         for _ in 0..gen {
-            tok = argmax(&model.forward(&mut sess, &[tok], Logits::Last)?);
+            model.forward_into(&mut sess, &[tok], Logits::Last, &mut logits)?;
+            tok = argmax(&logits);
         }
         let decode = gen as f64 / t1.elapsed().as_secs_f64().max(1e-9);
         Ok((prefill, decode, sess))
@@ -202,12 +205,15 @@ fn decode_split(model: &Model, a: &Args) -> Result<Vec<(String, f64)>> {
     let vocab = model.cfg.vocab_size as u32;
     let prompt: Vec<u32> = (0..a.prompt_tokens.max(1) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let mut sess = model.new_session();
-    let mut tok = argmax(&model.forward(&mut sess, &prompt, Logits::Last)?);
+    let mut logits = model.forward(&mut sess, &prompt, Logits::Last)?;
+    let mut tok = argmax(&logits);
     let n = a.gen_tokens.max(1);
+    sess.reserve(n);
     profile::enable(true);
     let t0 = Instant::now();
     for _ in 0..n {
-        tok = argmax(&model.forward(&mut sess, &[tok], Logits::Last)?);
+        model.forward_into(&mut sess, &[tok], Logits::Last, &mut logits)?;
+        tok = argmax(&logits);
     }
     let wall = t0.elapsed().as_secs_f64();
     profile::enable(false);

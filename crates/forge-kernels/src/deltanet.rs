@@ -14,7 +14,7 @@ pub fn recurrent_step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32
     let decay = g.exp();
     state.iter_mut().for_each(|s| *s *= decay);
     // kv_mem = Sᵀ k
-    let mut delta = vec![0f32; dv];
+    let mut delta = crate::scratch::Buf::zeros(dv);
     for (i, &ki) in k.iter().enumerate() {
         axpy(ki, &state[i * dv..(i + 1) * dv], &mut delta);
     }

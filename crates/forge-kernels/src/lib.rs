@@ -11,6 +11,7 @@ pub mod norm;
 pub mod numpy_rng;
 pub mod rope;
 pub mod rotation;
+pub mod scratch;
 pub mod simd;
 pub mod team;
 

@@ -69,15 +69,15 @@ pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
         return gemm_path(x, t, w, y);
     }
     // Output laid out [n_out][t] per block, transposed afterwards (t is small).
-    let mut yt = vec![0f32; n_out * t];
+    let mut yt = crate::scratch::Buf::zeros(n_out * t);
     crate::team::par_chunks_mut(&mut yt, ROW_BLOCK * t, &|b, out| {
         let r0 = b * ROW_BLOCK;
         let rows = out.len() / t;
-        let mut buf = Vec::new();
+        let mut buf;
         let block: &[f32] = match w.borrowed(r0, rows) {
             Some(s) => s,
             None => {
-                buf.resize(rows * n_in, 0.0);
+                buf = crate::scratch::Buf::zeros(rows * n_in);
                 w.decode(r0, rows, &mut buf);
                 &buf
             }

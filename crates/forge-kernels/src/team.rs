@@ -50,10 +50,9 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         panicked: AtomicBool::new(false),
     };
     let team = &team;
-    rayon::scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(move |_| work(team));
-        }
+    // Helpers go out through `rayon::join` (a job on this thread's stack that an idle worker
+    // steals) rather than `scope.spawn` (a boxed job): a forward pass then allocates nothing.
+    let lead = || {
         LEADING.with(|l| l.set(team as *const Team));
         // Stop the helpers and leave the team even if `f` panics.
         struct Leave<'a>(&'a Team);
@@ -65,7 +64,17 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         }
         let _leave = Leave(team);
         f()
-    })
+    };
+    with_helpers(team, helpers, lead)
+}
+
+/// `lead()` on this thread with `n` helper loops offered to the pool's other workers. A helper
+/// not stolen before `lead` returns runs here afterwards and sees `stop` at once.
+fn with_helpers<R: Send>(team: &Team, n: usize, lead: impl FnOnce() -> R + Send) -> R {
+    if n == 0 {
+        return lead();
+    }
+    rayon::join(|| with_helpers(team, n - 1, lead), || work(team)).0
 }
 
 /// A helper's loop: wait for a new epoch, take its tasks, until told to stop.
@@ -174,6 +183,31 @@ pub fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, 
     });
 }
 
+/// A task over matching chunks of two slices.
+pub type PairTask<'a, A, B> = &'a (dyn Fn(usize, &mut [A], &mut [B]) + Sync);
+
+/// `f(i, a_chunk, b_chunk)` over the matching pieces of two slices cut into the same number
+/// of chunks (`ca` and `cb` long), through [`parallel_for`].
+pub fn par_chunks2_mut<A: Send, B: Send>(a: &mut [A], ca: usize, b: &mut [B], cb: usize, f: PairTask<A, B>) {
+    assert!(ca > 0 && cb > 0, "chunk size 0");
+    let n = a.len().div_ceil(ca);
+    assert_eq!(n, b.len().div_ceil(cb), "{} chunks of {ca} against {} of {cb}", n, b.len().div_ceil(cb));
+    let (la, lb) = (a.len(), b.len());
+    let (pa, pb) = (SharedPtr(a.as_mut_ptr()), SharedPtr(b.as_mut_ptr()));
+    parallel_for(n, &|i| {
+        let (sa, sb) = (i * ca, i * cb);
+        // SAFETY: distinct `i` give disjoint ranges inside each slice, both borrowed
+        // exclusively until every task has returned.
+        let (x, y) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(pa.get().add(sa), (sa + ca).min(la) - sa),
+                std::slice::from_raw_parts_mut(pb.get().add(sb), (sb + cb).min(lb) - sb),
+            )
+        };
+        f(i, x, y)
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +265,22 @@ mod tests {
                     let want: Vec<usize> = (0..len).map(|j| j / chunk + 1).collect();
                     assert_eq!(v, want, "len {len} chunk {chunk}");
                 }
+            })
+        });
+    }
+
+    #[test]
+    fn paired_chunks_match_up() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        pool.install(|| {
+            with_team(|| {
+                let (mut a, mut b) = (vec![0usize; 10], vec![0usize; 7]);
+                par_chunks2_mut(&mut a, 3, &mut b, 2, &|i, x, y| {
+                    x.iter_mut().for_each(|v| *v = i + 1);
+                    y.iter_mut().for_each(|v| *v = 10 * (i + 1) + x.len());
+                });
+                assert_eq!(a, [1, 1, 1, 2, 2, 2, 3, 3, 3, 4]);
+                assert_eq!(b, [13, 13, 23, 23, 33, 33, 41]);
             })
         });
     }

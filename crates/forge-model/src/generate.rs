@@ -55,7 +55,7 @@ pub fn generate(
         if !on_token(tok)? || i + 1 == max_tokens {
             break;
         }
-        logits = model.forward(session, &[tok], Logits::Last)?;
+        model.forward_into(session, &[tok], Logits::Last, &mut logits)?;
     }
     st.decode_s = t1.elapsed().as_secs_f64();
     Ok(st)

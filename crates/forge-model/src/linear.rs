@@ -6,8 +6,9 @@
 use anyhow::Result;
 use forge_core::tensor::HostTensor;
 use forge_kernels::lut::{Int8Matrix, LutMatrix};
-use forge_kernels::lutmm::{dense::matmul_half, fast_path, PackedMatrix};
+use forge_kernels::lutmm::{dense::matmul_half, fast_path, PackedMatrix, MAX_SHARED};
 use forge_kernels::matmul::{matmul_rows, matmul_xwt, RowSource};
+use forge_kernels::scratch::Buf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Matrices on the float tile kernels (codebooks off the 8-bit grid) run them below this many
@@ -76,6 +77,18 @@ pub trait InputRotation: Send + Sync {
     fn unrotate_weight(&self, w: &mut [f32], cout: usize);
     /// Description recorded in reports, e.g. `hadamard(block=64, seed=1003)`.
     fn describe(&self) -> String;
+    /// Equal for two rotations exactly when they are the same transform (what `describe` says,
+    /// without formatting a string on the hot path).
+    fn key(&self) -> [u64; 3];
+}
+
+/// Whether two layers rotate their input the same way.
+fn same_rotation(a: &Option<Arc<dyn InputRotation>>, b: &Option<Arc<dyn InputRotation>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x.key() == y.key(),
+        _ => false,
+    }
 }
 
 /// Receives the input rows of a linear layer (calibration statistics).
@@ -147,31 +160,53 @@ impl Linear {
 
     /// `y = rot(x) Wᵀ + A(B x) + b` for `t` rows of `x`.
     pub fn forward(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
+        let mut y = vec![0f32; t * self.out_f];
+        self.forward_into(x, t, &mut y)?;
+        Ok(y)
+    }
+
+    /// [`Linear::forward`] into a pooled buffer (no allocation in a warm decode loop).
+    pub fn forward_buf(&self, x: &[f32], t: usize) -> Result<Buf> {
+        let mut y = Buf::zeros(t * self.out_f);
+        self.forward_into(x, t, &mut y)?;
+        Ok(y)
+    }
+
+    /// [`Linear::forward`] into `y` (`t × out` values).
+    pub fn forward_into(&self, x: &[f32], t: usize, y: &mut [f32]) -> Result<()> {
+        anyhow::ensure!(
+            x.len() == t * self.in_f && y.len() == t * self.out_f,
+            "{}: {} inputs and {} outputs for {t} rows of {} → {}",
+            self.name,
+            x.len(),
+            y.len(),
+            self.in_f,
+            self.out_f
+        );
         if let Some(obs) = &self.observer {
             obs.lock().map_err(|_| anyhow::anyhow!("observer poisoned"))?.observe(&self.name, x, t);
         }
-        let mut y = vec![0f32; t * self.out_f];
-        let mut buf = Vec::new();
-        let xin = self.rotated_input(x, &mut buf);
+        let rotated = self.rotated_input(x);
+        let xin = rotated.as_deref().unwrap_or(x);
         match &self.weight {
             Weight::Dense(w) => {
                 let ws = w.floats()?;
-                if !(fast_path() && matmul_half(xin, t, ws, self.out_f, self.in_f, &mut y)) {
-                    matmul_xwt(xin, t, ws, self.out_f, self.in_f, &mut y)
+                if !(fast_path() && matmul_half(xin, t, ws, self.out_f, self.in_f, y)) {
+                    matmul_xwt(xin, t, ws, self.out_f, self.in_f, y)
                 }
             }
             w => match self.packed.get(w).filter(|p| fast_path() && (t < PACKED_MAX_T || p.is_int_dot())) {
-                Some(p) => p.matmul(xin, t, &mut y),
+                Some(p) => p.matmul(xin, t, y),
                 None => match w {
-                    Weight::Lut(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
-                    Weight::Int8(m) => matmul_rows(xin, t, m.as_ref(), &mut y),
-                    Weight::Packed(p) => matmul_rows(xin, t, p.as_ref(), &mut y),
+                    Weight::Lut(m) => matmul_rows(xin, t, m.as_ref(), y),
+                    Weight::Int8(m) => matmul_rows(xin, t, m.as_ref(), y),
+                    Weight::Packed(p) => matmul_rows(xin, t, p.as_ref(), y),
                     Weight::Dense(_) => unreachable!("dense weights are handled above"),
                 },
             },
         }
-        self.finish(x, t, &mut y);
-        Ok(y)
+        self.finish(x, t, y);
+        Ok(())
     }
 
     /// Forward several layers that read the same input (q/k/v, gate/up): the rotation and the
@@ -179,49 +214,67 @@ impl Linear {
     /// when the layers allow it (same rotation, integer-dot weights, no observers); otherwise
     /// one `forward` each. Same results either way.
     pub fn forward_shared(ls: &[&Linear], x: &[f32], t: usize) -> Result<Vec<Vec<f32>>> {
-        let rot = |l: &Linear| l.rotation.as_ref().map(|r| r.describe());
-        let shareable = fast_path()
-            && ls.len() > 1
-            && ls.iter().all(|l| l.observer.is_none() && l.in_f == ls[0].in_f && rot(l) == rot(ls[0]));
-        let packed: Option<Vec<Arc<PackedMatrix>>> = if shareable {
-            ls.iter().map(|l| l.packed.get(&l.weight).filter(|p| p.is_int_dot())).collect()
-        } else {
-            None
-        };
-        let Some(packed) = packed else {
-            return ls.iter().map(|l| l.forward(x, t)).collect();
-        };
-        let mut buf = Vec::new();
-        let xin = ls[0].rotated_input(x, &mut buf);
-        let refs: Vec<&PackedMatrix> = packed.iter().map(|p| p.as_ref()).collect();
         let mut ys: Vec<Vec<f32>> = ls.iter().map(|l| vec![0f32; t * l.out_f]).collect();
-        {
-            let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
-            forge_kernels::lutmm::matmul_shared(&refs, xin, t, &mut outs);
-        }
-        for (l, y) in ls.iter().zip(ys.iter_mut()) {
-            l.finish(x, t, y);
-        }
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        Self::forward_shared_into(ls, x, t, &mut outs)?;
         Ok(ys)
     }
 
-    /// The kernel input: `x` itself, or its rotation written into `buf`.
-    fn rotated_input<'a>(&self, x: &'a [f32], buf: &'a mut Vec<f32>) -> &'a [f32] {
-        match &self.rotation {
-            Some(r) => {
-                buf.clear();
-                buf.extend_from_slice(x);
-                r.apply_rows(buf);
-                buf
+    /// [`Linear::forward_shared`] into `ys` (`t × out` values each).
+    pub fn forward_shared_into(ls: &[&Linear], x: &[f32], t: usize, ys: &mut [&mut [f32]]) -> Result<()> {
+        anyhow::ensure!(ls.len() == ys.len(), "{} layers for {} outputs", ls.len(), ys.len());
+        let shareable = fast_path()
+            && ls.len() > 1
+            && ls.len() <= MAX_SHARED
+            && ls
+                .iter()
+                .all(|l| l.observer.is_none() && l.in_f == ls[0].in_f && same_rotation(&l.rotation, &ls[0].rotation));
+        // The packed matrices on the stack: this runs several times per layer and token.
+        let packed: [Option<Arc<PackedMatrix>>; MAX_SHARED] = std::array::from_fn(|i| match ls.get(i) {
+            Some(l) if shareable => l.packed.get(&l.weight).filter(|p| p.is_int_dot()),
+            _ => None,
+        });
+        if !shareable || packed[..ls.len()].iter().any(|p| p.is_none()) {
+            for (l, y) in ls.iter().zip(ys.iter_mut()) {
+                l.forward_into(x, t, y)?;
             }
-            None => x,
+            return Ok(());
         }
+        for (l, y) in ls.iter().zip(ys.iter()) {
+            anyhow::ensure!(
+                x.len() == t * l.in_f && y.len() == t * l.out_f,
+                "{}: {} inputs and {} outputs for {t} rows of {} → {}",
+                l.name,
+                x.len(),
+                y.len(),
+                l.in_f,
+                l.out_f
+            );
+        }
+        let rotated = ls[0].rotated_input(x);
+        let xin = rotated.as_deref().unwrap_or(x);
+        let first = packed[0].as_deref().expect("checked above");
+        let refs: [&PackedMatrix; MAX_SHARED] = std::array::from_fn(|i| packed[i].as_deref().unwrap_or(first));
+        forge_kernels::lutmm::matmul_shared(&refs[..ls.len()], xin, t, ys);
+        for (l, y) in ls.iter().zip(ys.iter_mut()) {
+            l.finish(x, t, y);
+        }
+        Ok(())
+    }
+
+    /// The kernel input when it is not `x` itself: its rotation, in a pooled buffer.
+    fn rotated_input(&self, x: &[f32]) -> Option<Buf> {
+        self.rotation.as_ref().map(|r| {
+            let mut b = Buf::copy_of(x);
+            r.apply_rows(&mut b);
+            b
+        })
     }
 
     /// Add the low-rank branch (on the unrotated input `x`) and the bias to `y`.
     fn finish(&self, x: &[f32], t: usize, y: &mut [f32]) {
         if let Some(lr) = &self.lowrank {
-            let mut bx = vec![0f32; t * lr.rank];
+            let mut bx = Buf::zeros(t * lr.rank);
             forge_kernels::matmul::matmul_xwt(
                 x,
                 t,
@@ -230,7 +283,7 @@ impl Linear {
                 self.in_f,
                 &mut bx,
             );
-            let mut abx = vec![0f32; t * self.out_f];
+            let mut abx = Buf::zeros(t * self.out_f);
             forge_kernels::matmul::matmul_xwt(
                 &bx,
                 t,
@@ -239,7 +292,7 @@ impl Linear {
                 lr.rank,
                 &mut abx,
             );
-            y.iter_mut().zip(&abx).for_each(|(a, b)| *a += b);
+            y.iter_mut().zip(abx.iter()).for_each(|(a, b)| *a += b);
         }
         if let Some(b) = &self.bias {
             for row in y.chunks_mut(self.out_f) {
@@ -307,6 +360,9 @@ impl InputRotation for forge_kernels::rotation::Rotation {
     }
     fn describe(&self) -> String {
         format!("hadamard(block={}, seed={})", self.block, self.seed)
+    }
+    fn key(&self) -> [u64; 3] {
+        [self.dim as u64, self.block as u64, self.seed]
     }
 }
 

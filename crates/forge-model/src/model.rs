@@ -22,7 +22,8 @@ use forge_kernels::attention::{attend_group, History};
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
-use forge_kernels::team::{par_chunks_mut, with_team};
+use forge_kernels::scratch::Buf;
+use forge_kernels::team::{par_chunks2_mut, par_chunks_mut, with_team};
 
 /// Gated DeltaNet chunk length for prefill (as transformers and FLA).
 pub const DELTANET_CHUNK: usize = 64;
@@ -214,68 +215,97 @@ impl Model {
     /// Run `tokens` through the model, advancing `s`. Returns logits per `want`
     /// (`All`: `T × vocab`, `Last`: `vocab`).
     pub fn forward(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.forward_into(s, tokens, want, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Model::forward`] into `out` (resized; its capacity is reused). A decode loop that keeps
+    /// `out` allocates nothing per token once warm (see `forge_kernels::scratch`), except when a
+    /// KV cache grows past what [`Session::reserve`] set aside.
+    pub fn forward_into(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
         // Run on a rayon worker: the kernels' parallel sections then fork from inside the pool
         // instead of each waking the pool from outside (one hand-off per call instead of ~100
         // per token, which on 2 cores cost a third of SmolLM2's decode time).
         if rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
-            return rayon::scope(|_| self.forward_here(s, tokens, want));
+            return rayon::scope(|_| self.forward_here(s, tokens, want, out));
         }
-        self.forward_here(s, tokens, want)
+        self.forward_here(s, tokens, want, out)
     }
 
-    fn forward_here(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+    fn forward_here(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
         // Decode and verify make many small parallel calls: keep the other workers spinning
         // for them (`forge_kernels::team`). Prefill's few large calls stay with rayon.
         if tokens.len() < forge_kernels::lutmm::intdot::GEMM_MIN_T {
-            return with_team(|| self.forward_rows(s, tokens, want));
+            return with_team(|| self.forward_rows(s, tokens, want, out));
         }
-        self.forward_rows(s, tokens, want)
+        self.forward_rows(s, tokens, want, out)
     }
 
-    fn forward_rows(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+    fn forward_rows(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
         let t = tokens.len();
         if t == 0 {
             bail!("forward called with no tokens");
         }
         let h = self.cfg.hidden_size;
         let mut timer = crate::profile::start();
-        let mut x = self.embed(tokens)?;
+        let mut x = Buf::zeros(t * h);
+        self.embed_into(tokens, &mut x)?;
         timer.stop(crate::profile::Part::Embed);
         for li in 0..self.layers.len() {
             self.forward_layer(li, &mut s.layers[li], &mut x, t, s.pos)?;
         }
         s.pos += t;
         let mut timer = crate::profile::start();
-        let out = match want {
-            Logits::None => Ok(Vec::new()),
-            Logits::All => self.logits(&x, t),
-            Logits::Last => self.logits(&x[(t - 1) * h..], 1),
+        let r = match want {
+            Logits::None => {
+                out.clear();
+                Ok(())
+            }
+            Logits::All => self.logits_into(&x, t, out),
+            Logits::Last => self.logits_into(&x[(t - 1) * h..], 1, out),
         };
         timer.stop(crate::profile::Part::Head);
-        out
+        r
     }
 
     /// Embeddings of `tokens` (`T × hidden`).
     pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut x = vec![0f32; tokens.len() * self.cfg.hidden_size];
+        self.embed_into(tokens, &mut x)?;
+        Ok(x)
+    }
+
+    /// [`Model::embed`] into `x` (`T × hidden` values).
+    pub fn embed_into(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let (h, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        let mut x = vec![0f32; tokens.len() * h];
+        anyhow::ensure!(x.len() == tokens.len() * h, "{} values for {} embeddings of {h}", x.len(), tokens.len());
         for (i, &tok) in tokens.iter().enumerate() {
             if tok as usize >= vocab {
                 bail!("token id {tok} is out of range for vocabulary size {vocab}");
             }
             self.embed_row(tok, &mut x[i * h..(i + 1) * h])?;
         }
-        Ok(x)
+        Ok(())
     }
 
     /// Final norm and head over `n` hidden rows.
     pub fn logits(&self, rows: &[f32], n: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.logits_into(rows, n, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Model::logits`] into `out` (resized to `n × vocab`).
+    pub fn logits_into(&self, rows: &[f32], n: usize, out: &mut Vec<f32>) -> Result<()> {
         let h = self.cfg.hidden_size;
-        let mut normed = vec![0f32; n * h];
+        let mut normed = Buf::zeros(n * h);
         for (xi, hi) in rows.chunks(h).zip(normed.chunks_mut(h)) {
             rmsnorm(xi, &self.final_norm, self.cfg.rms_eps, self.cfg.norm_zero_centered, hi);
         }
-        self.head.forward(&normed, n)
+        out.clear();
+        out.resize(n * self.head.out_f, 0.0);
+        self.head.forward_into(&normed, n, out)
     }
 
     /// One decoder layer over `t` rows of `x` (in place), starting at position `pos0`.
@@ -284,7 +314,7 @@ impl Model {
         let (zc, eps) = (self.cfg.norm_zero_centered, self.cfg.rms_eps);
         let layer = &self.layers[li];
         let mut timer = crate::profile::start();
-        let mut hbuf = vec![0f32; t * h];
+        let mut hbuf = Buf::zeros(t * h);
         for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
             rmsnorm(xi, &layer.input_norm, eps, zc, hi);
         }
@@ -297,16 +327,17 @@ impl Model {
             }
             _ => bail!("session does not match the model at layer {li}"),
         };
-        x.iter_mut().zip(&m).for_each(|(a, b)| *a += b);
+        x.iter_mut().zip(m.iter()).for_each(|(a, b)| *a += b);
         timer.stop(part);
         for (xi, hi) in x.chunks(h).zip(hbuf.chunks_mut(h)) {
             rmsnorm(xi, &layer.post_norm, eps, zc, hi);
         }
-        let [mut g, u]: [Vec<f32>; 2] =
-            Linear::forward_shared(&[&layer.mlp.gate, &layer.mlp.up], &hbuf, t)?.try_into().expect("two outputs");
+        let f = self.cfg.intermediate_size;
+        let (mut g, mut u) = (Buf::zeros(t * f), Buf::zeros(t * f));
+        Linear::forward_shared_into(&[&layer.mlp.gate, &layer.mlp.up], &hbuf, t, &mut [&mut g, &mut u])?;
         swiglu(&mut g, &u);
-        let d = layer.mlp.down.forward(&g, t)?;
-        x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        let d = layer.mlp.down.forward_buf(&g, t)?;
+        x.iter_mut().zip(d.iter()).for_each(|(a, b)| *a += b);
         timer.stop(crate::profile::Part::Mlp);
         Ok(())
     }
@@ -325,16 +356,16 @@ impl Model {
         Ok(())
     }
 
-    fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Vec<f32>> {
+    fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Buf> {
         let cfg = &self.cfg;
         let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let [qf, mut k, v]: [Vec<f32>; 3] =
-            Linear::forward_shared(&[&a.q, &a.k, &a.v], hbuf, t)?.try_into().expect("three outputs");
+        let (mut qf, mut k, mut v) = (Buf::zeros(t * a.q.out_f), Buf::zeros(t * a.k.out_f), Buf::zeros(t * a.v.out_f));
+        Linear::forward_shared_into(&[&a.q, &a.k, &a.v], hbuf, t, &mut [&mut qf, &mut k, &mut v])?;
         let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate
-        let mut q = vec![0f32; t * nh * hd];
-        let mut gate = if cfg.attn_output_gate { vec![0f32; t * nh * hd] } else { Vec::new() };
+        let mut q = Buf::zeros(t * nh * hd);
+        let mut gate = Buf::zeros(if cfg.attn_output_gate { t * nh * hd } else { 0 });
         let nf = self.rope.n_freq();
-        let (mut cos, mut sin) = (vec![0f32; nf], vec![0f32; nf]);
+        let (mut cos, mut sin) = (Buf::zeros(nf), Buf::zeros(nf));
         let zc = cfg.norm_zero_centered;
         for i in 0..t {
             self.rope.cos_sin(pos0 + i, &mut cos, &mut sin);
@@ -362,7 +393,7 @@ impl Model {
         cache.v.extend_from_slice(&v);
         let group = nh / kvh;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = vec![0f32; t * nh * hd];
+        let mut out = Buf::zeros(t * nh * hd);
         let row = cache.row;
         let (keys, values) = (&cache.k, &cache.v);
         // One task item per (token, key/value head): the query heads of a group go together so
@@ -371,7 +402,7 @@ impl Model {
         // item per query head instead; `attend_group` gives the same bits either way.
         let threads = rayon::current_num_threads();
         let per_item = if t * kvh < 2 * threads { 1 } else { group };
-        let one = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
+        let one = |scores: &mut [f32], (idx, o): (usize, &mut [f32])| {
             let (i, h0) = (idx * per_item / nh, idx * per_item % nh);
             let qg = &q[(i * nh + h0) * hd..(i * nh + h0 + per_item) * hd];
             let kv = History { keys, values, n: pos0 + i + 1, stride: row, offset: h0 / group * hd };
@@ -383,30 +414,38 @@ impl Model {
             // Two tasks per worker, each with its own score buffer; single heads one by one.
             let per = if per_item == 1 { 1 } else { (t * nh / per_item).div_ceil(2 * threads) };
             par_chunks_mut(&mut out, per * gsize, &|i, o| {
-                let mut scores = vec![0f32; per_item * (pos0 + t)];
+                let mut scores = Buf::zeros(per_item * (pos0 + t));
                 o.chunks_mut(gsize).enumerate().for_each(|(k, og)| one(&mut scores, (i * per + k, og)));
             });
         } else {
-            let mut scores = vec![0f32; per_item * (pos0 + t)];
+            let mut scores = Buf::zeros(per_item * (pos0 + t));
             out.chunks_mut(gsize).enumerate().for_each(|item| one(&mut scores, item));
         }
         if cfg.attn_output_gate {
-            out.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= sigmoid(g));
+            out.iter_mut().zip(gate.iter()).for_each(|(o, &g)| *o *= sigmoid(g));
         }
-        a.o.forward(&out, t)
+        a.o.forward_buf(&out, t)
     }
 
-    fn deltanet(&self, d: &DeltaNet, st: &mut DeltaState, hbuf: &[f32], t: usize) -> Result<Vec<f32>> {
+    fn deltanet(&self, d: &DeltaNet, st: &mut DeltaState, hbuf: &[f32], t: usize) -> Result<Buf> {
         let c: &DeltaNetConfig = self.cfg.deltanet.as_ref().unwrap();
         let (cd, kern) = (c.conv_dim(), c.conv_kernel);
-        let [mixed, z, b, a]: [Vec<f32>; 4] =
-            Linear::forward_shared(&[&d.in_qkv, &d.in_z, &d.in_b, &d.in_a], hbuf, t)?.try_into().expect("four outputs");
+        let (nk, nv, dk, dv) = (c.num_k_heads, c.num_v_heads, c.k_head_dim, c.v_head_dim);
+        let (kd, vd) = (c.key_dim(), c.value_dim());
+        let (mut mixed, mut z, mut b, mut a) =
+            (Buf::zeros(t * cd), Buf::zeros(t * vd), Buf::zeros(t * nv), Buf::zeros(t * nv));
+        Linear::forward_shared_into(
+            &[&d.in_qkv, &d.in_z, &d.in_b, &d.in_a],
+            hbuf,
+            t,
+            &mut [&mut mixed, &mut z, &mut b, &mut a],
+        )?;
         // Causal depthwise conv over [state (kernel−1 rows) | new rows], then SiLU.
         let hist = kern - 1;
-        let mut full = Vec::with_capacity((hist + t) * cd);
-        full.extend_from_slice(&st.conv);
-        full.extend_from_slice(&mixed);
-        let mut conv = vec![0f32; t * cd];
+        let mut full = Buf::zeros((hist + t) * cd);
+        full[..hist * cd].copy_from_slice(&st.conv);
+        full[hist * cd..].copy_from_slice(&mixed);
+        let mut conv = Buf::zeros(t * cd);
         let conv_row = |(i, out): (usize, &mut [f32])| {
             for (ch, o) in out.iter_mut().enumerate() {
                 let w = &d.conv_w[ch * kern..(ch + 1) * kern];
@@ -423,19 +462,13 @@ impl Model {
             conv.chunks_mut(cd).enumerate().for_each(conv_row);
         }
         st.conv.copy_from_slice(&full[t * cd..]);
-        let (nk, nv, dk, dv) = (c.num_k_heads, c.num_v_heads, c.k_head_dim, c.v_head_dim);
-        let (kd, vd) = (c.key_dim(), c.value_dim());
         let ratio = nv / nk;
         let qscale = 1.0 / (dk as f32).sqrt();
-        // Per value head: gather, normalize, run the delta rule.
-        let rec = &mut st.rec;
-        let head = |(hv, state): (usize, &mut [f32])| {
+        // Per value head: gather, normalize, run the delta rule; output `[head][t][dv]`.
+        let head = |hv: usize, state: &mut [f32], o: &mut [f32]| {
             let hk = hv / ratio;
-            let mut q = vec![0f32; t * dk];
-            let mut k = vec![0f32; t * dk];
-            let mut v = vec![0f32; t * dv];
-            let mut g = vec![0f32; t];
-            let mut beta = vec![0f32; t];
+            let (mut q, mut k, mut v) = (Buf::zeros(t * dk), Buf::zeros(t * dk), Buf::zeros(t * dv));
+            let (mut g, mut beta) = (Buf::zeros(t), Buf::zeros(t));
             for i in 0..t {
                 let row = &conv[i * cd..(i + 1) * cd];
                 let qi = &mut q[i * dk..(i + 1) * dk];
@@ -449,32 +482,29 @@ impl Model {
                 beta[i] = sigmoid(b[i * nv + hv]);
                 g[i] = -d.a_log[hv].exp() * softplus(a[i * nv + hv] + d.dt_bias[hv]);
             }
-            let mut o = vec![0f32; t * dv];
             if t == 1 {
-                deltanet::recurrent_step(state, &q, &k, &v, g[0], beta[0], &mut o);
+                deltanet::recurrent_step(state, &q, &k, &v, g[0], beta[0], o);
             } else {
-                deltanet::chunked(state, &q, &k, &v, &g, &beta, dk, dv, DELTANET_CHUNK, &mut o);
+                deltanet::chunked(state, &q, &k, &v, &g, &beta, dk, dv, DELTANET_CHUNK, o);
             }
-            o
         };
-        let outs: Vec<Vec<f32>> = if fork(nv * dk * dv * t) {
-            let slots: Vec<std::sync::Mutex<Vec<f32>>> = (0..nv).map(|_| Default::default()).collect();
-            par_chunks_mut(rec, dk * dv, &|hv, state| {
-                *slots[hv].lock().unwrap_or_else(|e| e.into_inner()) = head((hv, state));
-            });
-            slots.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+        let mut outs = Buf::zeros(nv * t * dv);
+        if fork(nv * dk * dv * t) {
+            par_chunks2_mut(&mut st.rec, dk * dv, &mut outs, t * dv, &head);
         } else {
-            rec.chunks_mut(dk * dv).enumerate().map(head).collect()
-        };
-        let mut core = vec![0f32; t * vd];
-        for (hv, o) in outs.iter().enumerate() {
+            for (hv, (state, o)) in st.rec.chunks_mut(dk * dv).zip(outs.chunks_mut(t * dv)).enumerate() {
+                head(hv, state, o);
+            }
+        }
+        let mut core = Buf::zeros(t * vd);
+        for (hv, o) in outs.chunks(t * dv).enumerate() {
             for i in 0..t {
                 let dst = &mut core[i * vd + hv * dv..i * vd + (hv + 1) * dv];
                 dst.copy_from_slice(&o[i * dv..(i + 1) * dv]);
                 rmsnorm_gated(dst, &z[i * vd + hv * dv..i * vd + (hv + 1) * dv], &d.norm_w, self.cfg.rms_eps);
             }
         }
-        d.out.forward(&core, t)
+        d.out.forward_buf(&core, t)
     }
 
     /// Mutable access to every linear layer of layer `l` (mixer first, execution order).

@@ -53,12 +53,15 @@ impl Default for SamplingParams {
 pub struct Sampler {
     pub params: SamplingParams,
     rng: Rng,
+    /// Candidates and their probabilities, kept between calls for their buffers.
+    cand: Vec<(u32, f32)>,
+    probs: Vec<f64>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng }
+        Sampler { params, rng, cand: Vec::new(), probs: Vec::new() }
     }
 
     /// Pick the next token from raw logits.
@@ -67,41 +70,52 @@ impl Sampler {
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
         }
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        // Highest logit first; ties broken by id so the order is deterministic.
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let (cand, probs) = (&mut self.cand, &mut self.probs);
+        cand.clear();
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        // Highest logit first; ties broken by id so the order is deterministic (a total order:
+        // partitioning off the top k and sorting those gives the same list as a full sort).
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, order);
             cand.truncate(p.top_k);
         }
-        let m = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|c| (((c.1 - m) / p.temperature) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
-        let mut keep = probs.len();
-        if p.min_p > 0.0 {
-            let thr = probs[0] * p.min_p as f64;
-            keep = probs.iter().take_while(|&&x| x >= thr).count().max(1);
-        }
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, &x) in probs[..keep].iter().enumerate() {
-                acc += x;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        let total: f64 = probs[..keep].iter().sum();
-        let mut r = self.rng.next_f64() * total;
-        for (i, &x) in probs[..keep].iter().enumerate() {
-            r -= x;
-            if r < 0.0 {
-                return cand[i].0;
-            }
-        }
-        cand[keep - 1].0
+        cand.sort_unstable_by(order);
+        draw(cand, probs, p, &mut self.rng)
     }
+}
+
+/// Softmax at the temperature over the ordered candidates, min-p and top-p cuts, then one draw.
+fn draw(cand: &[(u32, f32)], probs: &mut Vec<f64>, p: &SamplingParams, rng: &mut Rng) -> u32 {
+    let m = cand[0].1;
+    probs.clear();
+    probs.extend(cand.iter().map(|c| (((c.1 - m) / p.temperature) as f64).exp()));
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= total);
+    let mut keep = probs.len();
+    if p.min_p > 0.0 {
+        let thr = probs[0] * p.min_p as f64;
+        keep = probs.iter().take_while(|&&x| x >= thr).count().max(1);
+    }
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (i, &x) in probs[..keep].iter().enumerate() {
+            acc += x;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    let total: f64 = probs[..keep].iter().sum();
+    let mut r = rng.next_f64() * total;
+    for (i, &x) in probs[..keep].iter().enumerate() {
+        r -= x;
+        if r < 0.0 {
+            return cand[i].0;
+        }
+    }
+    cand[keep - 1].0
 }
 
 pub fn argmax(x: &[f32]) -> u32 {
@@ -150,6 +164,33 @@ mod tests {
             let p = (logits[i] as f64).exp() / z;
             let sd = (n as f64 * p * (1.0 - p)).sqrt();
             assert!((counts[i] as f64 - n as f64 * p).abs() < 4.0 * sd, "token {i}: {} vs {}", counts[i], n as f64 * p);
+        }
+    }
+
+    /// The candidates as first chosen (full sort of the vocabulary, then truncate), then the
+    /// same draw: the oracle for the partitioned top-k.
+    fn sample_by_full_sort(p: &SamplingParams, rng: &mut Rng, logits: &[f32]) -> u32 {
+        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.truncate(p.top_k);
+        }
+        draw(&cand, &mut Vec::new(), p, rng)
+    }
+
+    #[test]
+    fn partitioned_top_k_draws_what_a_full_sort_draws() {
+        // Logits on a coarse grid, so that many tie and the id tie-break matters.
+        let mut rng = Rng::new(3);
+        let logits: Vec<f32> = (0..2000).map(|_| (rng.next_f64() * 40.0).floor() as f32 * 0.25).collect();
+        for (top_k, top_p, min_p) in [(1, 1.0, 0.0), (2, 1.0, 0.0), (40, 0.95, 0.0), (300, 0.9, 0.05), (0, 0.8, 0.0)] {
+            let p = SamplingParams { temperature: 0.8, top_k, top_p, min_p, seed: 11 };
+            let mut s = Sampler::new(p.clone());
+            let mut r = Rng::new(p.seed);
+            for i in 0..300 {
+                let want = if top_k == 1 { argmax(&logits) } else { sample_by_full_sort(&p, &mut r, &logits) };
+                assert_eq!(s.sample(&logits), want, "top_k {top_k} draw {i}");
+            }
         }
     }
 

@@ -53,6 +53,17 @@ impl Session {
         Session { pos: 0, layers }
     }
 
+    /// Set aside KV cache room for `more` positions past the current ones, so that decoding up
+    /// to there never grows (reallocates) a cache.
+    pub fn reserve(&mut self, more: usize) {
+        for l in &mut self.layers {
+            if let LayerState::Attn(c) = l {
+                c.k.reserve(more * c.row);
+                c.v.reserve(more * c.row);
+            }
+        }
+    }
+
     /// Bytes held by caches and states.
     pub fn state_bytes(&self) -> usize {
         self.layers

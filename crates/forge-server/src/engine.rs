@@ -408,7 +408,7 @@ impl Worker {
             if i + 1 == max_new {
                 break;
             }
-            logits = self.model.forward(&mut session, &[id], Logits::Last)?;
+            self.model.forward_into(&mut session, &[id], Logits::Last, &mut logits)?;
         }
         stats.decode_s = t_prefilled.elapsed().as_secs_f64();
         stats.finish = finish;

@@ -40,7 +40,7 @@ pub fn matmul_half(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize
     assert_eq!(y.len(), t * n_out);
     #[cfg(target_arch = "x86_64")]
     {
-        let mut yt = vec![0f32; n_out * t];
+        let mut yt = crate::scratch::Buf::zeros(n_out * t);
         let block = |b: usize, out: &mut [f32]| {
             let r0 = b * ROW_BLOCK;
             let rows = out.len() / t;

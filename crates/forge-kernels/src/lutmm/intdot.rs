@@ -143,6 +143,7 @@ fn xpos(m: usize) -> usize {
 /// Activations quantized for the integer kernels: per block, `x ≈ s₁·q₁ + s₂·q₂` with 16-bit
 /// `q₁` and `q₂` quantizing the residual `x − s₁·q₁` (so about 31 bits in all: the kernels agree
 /// with f32 arithmetic to ~1e-7 relative instead of 16-bit activations' ~1e-5).
+#[derive(Default)]
 pub struct QuantX {
     pub t: usize,
     /// 2 (default), or 1 after [`set_activation_planes`]`(1)`: `q₂` stays zero and the kernels
@@ -232,6 +233,20 @@ fn quantize_chunk(v: &[f32], inv: f32, s: f32, out: &mut [i16], resid: &mut [f32
     }
 }
 
+thread_local! {
+    /// This thread's last quantized activations, kept for their buffers.
+    static QUANT_X: std::cell::RefCell<Option<QuantX>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `f(qx)` with `t` rows of `cin` values of `x` quantized into this thread's kept buffers (no
+/// allocation once they are large enough).
+pub fn with_quantized<R>(x: &[f32], t: usize, cin: usize, f: impl FnOnce(&QuantX) -> R) -> R {
+    crate::scratch::with_kept(&QUANT_X, |qx| {
+        qx.requantize(x, t, cin);
+        f(qx)
+    })
+}
+
 impl QuantX {
     /// Quantize `t` rows of `cin` values.
     pub fn new(x: &[f32], t: usize, cin: usize) -> QuantX {
@@ -240,21 +255,34 @@ impl QuantX {
 
     /// Quantize with 1 or 2 planes whatever the process-wide setting.
     pub fn with_planes(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
-        Self::quantize(x, t, cin, planes, crate::simd::has_avx2_fma())
+        let mut q = QuantX::default();
+        q.fill(x, t, cin, planes, crate::simd::has_avx2_fma());
+        q
+    }
+
+    /// Quantize into this value's buffers (no allocation once they are large enough).
+    pub fn requantize(&mut self, x: &[f32], t: usize, cin: usize) {
+        self.fill(x, t, cin, PLANES.load(std::sync::atomic::Ordering::Relaxed), crate::simd::has_avx2_fma())
     }
 
     /// The same through the portable code alone (the reference the AVX2 path must equal).
     #[cfg(test)]
     pub(crate) fn with_planes_scalar(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
-        Self::quantize(x, t, cin, planes, false)
+        let mut q = QuantX::default();
+        q.fill(x, t, cin, planes, false);
+        q
     }
 
-    fn quantize(x: &[f32], t: usize, cin: usize, planes: usize, simd: bool) -> QuantX {
+    fn fill(&mut self, x: &[f32], t: usize, cin: usize, planes: usize, simd: bool) {
         assert!(planes == 1 || planes == 2, "1 or 2 activation planes");
+        assert_eq!(x.len(), t * cin, "x has {} values, expected {t}×{cin}", x.len());
         let cin_pad = cin.div_ceil(CHUNK) * CHUNK;
         let nblocks = cin_pad.div_ceil(XBLOCK);
-        let mut q = vec![0i16; t * 2 * cin_pad];
-        let mut scale = vec![0f32; t * nblocks * 2];
+        let (q, scale, corr) = (&mut self.q, &mut self.scale, &mut self.corr);
+        q.clear();
+        q.resize(t * 2 * cin_pad, 0);
+        scale.clear();
+        scale.resize(t * nblocks * 2, 0.0);
         let mut resid = [0f32; XBLOCK];
         let chunk: fn(&[f32], f32, f32, &mut [i16], &mut [f32]) = {
             #[cfg(target_arch = "x86_64")]
@@ -311,7 +339,8 @@ impl QuantX {
                 }
             }
         }
-        let mut corr = vec![0i32; t * nblocks * 2 * LANES];
+        corr.clear();
+        corr.resize(t * nblocks * 2 * LANES, 0);
         for (r, cr) in corr.chunks_mut(nblocks * 2 * LANES).enumerate() {
             let qr = &q[r * 2 * cin_pad..(r + 1) * 2 * cin_pad];
             for (c, qc) in qr.chunks(2 * CHUNK).enumerate() {
@@ -326,7 +355,7 @@ impl QuantX {
                 }
             }
         }
-        QuantX { t, planes, cin_pad, nblocks, q, scale, corr }
+        (self.t, self.planes, self.cin_pad, self.nblocks) = (t, planes, cin_pad, nblocks);
     }
 }
 
@@ -334,16 +363,19 @@ impl QuantX {
 /// all rows of all matrices in one parallel dispatch.
 pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f32]]) {
     assert_eq!(ms.len(), ys.len());
+    assert!(ms.len() <= super::MAX_SHARED, "{} matrices in one call (at most {})", ms.len(), super::MAX_SHARED);
     for (m, y) in ms.iter().zip(ys.iter()) {
         assert_eq!(m.cin_pad, qx.cin_pad, "input width {} does not match the quantized activations", m.cin);
         assert_eq!(y.len(), qx.t * m.cout, "y has {} values, expected {}×{}", y.len(), qx.t, m.cout);
     }
     let simd = simd && crate::simd::has_avx2_fma();
-    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
+    let mut outs = [OutPtr(std::ptr::null_mut()); super::MAX_SHARED];
+    outs.iter_mut().zip(ys.iter_mut()).for_each(|(o, y)| *o = OutPtr(y.as_mut_ptr()));
+    let outs = &outs[..ms.len()];
     let threads = rayon::current_num_threads();
     let work: usize = ms.iter().map(|m| m.groups * m.row_bytes * qx.t.div_ceil(m.kind.pass_t())).sum();
     if threads == 1 || work < 48 * 1024 {
-        for (m, &y) in ms.iter().zip(&outs) {
+        for (m, &y) in ms.iter().zip(outs) {
             // SAFETY: `y` holds `t × cout` values, and this is the only writer.
             unsafe { m.rows(simd, 0, m.groups, qx, y) }
         }
@@ -351,19 +383,28 @@ pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f
     }
     // Tasks of about equal work: `threads · 2` of them over the rows of all matrices.
     let per = work.div_ceil(threads * 2).max(1);
-    let mut tasks = Vec::new();
-    for (i, m) in ms.iter().enumerate() {
-        let row_work = (m.row_bytes * qx.t.div_ceil(m.kind.pass_t())).max(1);
-        let rows = per.div_ceil(row_work).max(1);
-        for g0 in (0..m.groups).step_by(rows) {
-            tasks.push((i, g0, rows.min(m.groups - g0)));
+    crate::scratch::with_kept(&TASKS, |tasks| {
+        tasks.clear();
+        for (i, m) in ms.iter().enumerate() {
+            let row_work = (m.row_bytes * qx.t.div_ceil(m.kind.pass_t())).max(1);
+            let rows = per.div_ceil(row_work).max(1);
+            for g0 in (0..m.groups).step_by(rows) {
+                tasks.push((i, g0, rows.min(m.groups - g0)));
+            }
         }
-    }
-    crate::team::parallel_for(tasks.len(), &|k| {
-        let (i, g0, n) = tasks[k];
-        // SAFETY: as above; each task writes only the output rows of its own index rows.
-        unsafe { ms[i].rows(simd, g0, n, qx, outs[i]) }
-    });
+        let tasks = &tasks[..];
+        crate::team::parallel_for(tasks.len(), &|k| {
+            let (i, g0, n) = tasks[k];
+            // SAFETY: as above; each task writes only the output rows of its own index rows.
+            unsafe { ms[i].rows(simd, g0, n, qx, outs[i]) }
+        });
+    })
+}
+
+thread_local! {
+    /// `(matrix, first index row, index rows)` per task of a [`matmul_many`] call, kept for the
+    /// buffer.
+    static TASKS: std::cell::RefCell<Option<Vec<(usize, usize, usize)>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// From this many activation rows on (prefill), the SIMD path multiplies integer-dot matrices as
@@ -688,8 +729,7 @@ impl DotMatrix {
         if simd && t >= GEMM_MIN_T {
             return gemm_many(simd, &[self], x, t, &mut [y]);
         }
-        let qx = QuantX::new(x, t, self.cin);
-        matmul_many(simd, &[self], &qx, &mut [y]);
+        with_quantized(x, t, self.cin, |qx| matmul_many(simd, &[self], qx, &mut [y]));
     }
 
     /// Scaled outputs of index rows `g0..g0+n` for every activation row, written to

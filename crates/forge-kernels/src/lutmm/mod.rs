@@ -190,24 +190,31 @@ impl crate::matmul::RowSource for PackedMatrix {
 /// `ys[i] = x Wᵢᵀ` for matrices sharing one input: when all are integer-dot matrices the input is
 /// quantized once and all rows go out in one parallel dispatch; otherwise one call each.
 pub fn matmul_shared(ms: &[&PackedMatrix], x: &[f32], t: usize, ys: &mut [&mut [f32]]) {
-    let dots: Option<Vec<&intdot::DotMatrix>> = ms.iter().map(|m| m.as_dot()).collect();
-    match dots {
-        Some(d) if !d.is_empty() && t > 0 && d.iter().all(|m| m.cin == d[0].cin) => {
-            assert_eq!(x.len(), t * d[0].cin, "x has {} values, expected {t}×{}", x.len(), d[0].cin);
-            let simd = Backend::best() == Backend::Avx2;
-            if simd && t >= intdot::GEMM_MIN_T {
-                return intdot::gemm_many(simd, &d, x, t, ys);
-            }
-            let qx = intdot::QuantX::new(x, t, d[0].cin);
-            intdot::matmul_many(simd, &d, &qx, ys)
+    assert_eq!(ms.len(), ys.len(), "{} matrices for {} outputs", ms.len(), ys.len());
+    // The integer-dot matrices as an array on the stack: this runs several times per layer and
+    // token, and must not allocate (`crate::scratch`).
+    let all_dot = !ms.is_empty() && ms.len() <= MAX_SHARED && ms.iter().all(|m| m.as_dot().is_some());
+    let same_cin = all_dot && ms.iter().all(|m| m.cin == ms[0].cin);
+    if all_dot && same_cin && t > 0 {
+        let first = ms[0].as_dot().expect("checked above");
+        let dots: [&intdot::DotMatrix; MAX_SHARED] =
+            std::array::from_fn(|i| ms.get(i).and_then(|m| m.as_dot()).unwrap_or(first));
+        let d = &dots[..ms.len()];
+        assert_eq!(x.len(), t * d[0].cin, "x has {} values, expected {t}×{}", x.len(), d[0].cin);
+        let simd = Backend::best() == Backend::Avx2;
+        if simd && t >= intdot::GEMM_MIN_T {
+            return intdot::gemm_many(simd, d, x, t, ys);
         }
-        _ => {
-            for (m, y) in ms.iter().zip(ys.iter_mut()) {
-                m.matmul(x, t, y);
-            }
+        intdot::with_quantized(x, t, d[0].cin, |qx| intdot::matmul_many(simd, d, qx, ys))
+    } else {
+        for (m, y) in ms.iter().zip(ys.iter_mut()) {
+            m.matmul(x, t, y);
         }
     }
 }
+
+/// Most matrices [`matmul_shared`] takes in one dispatch (q/k/v, a DeltaNet's four inputs).
+pub const MAX_SHARED: usize = 8;
 
 /// The float tile layout (module docs).
 #[derive(Clone, Debug)]
@@ -321,7 +328,7 @@ impl TileMatrix {
     fn chunk(&self, backend: Backend, x: &[f32], tc: usize, y: &mut [f32]) {
         let rpt = self.rows_per_tile;
         let per_tile = tc * rpt;
-        let mut yt = vec![0f32; self.n_tiles * per_tile];
+        let mut yt = crate::scratch::Buf::zeros(self.n_tiles * per_tile);
         let tile_bytes = self.cin * self.bytes_per_col;
         let run = |tile0: usize, out: &mut [f32]| {
             for (i, o) in out.chunks_mut(per_tile).enumerate() {

@@ -1,0 +1,108 @@
+//! A warm decode loop makes no heap allocations: counted by a global allocator over decode steps
+//! of the synthetic hybrid export (`forge synth --shape tiny`: attention with output gate and
+//! q/k norms, Gated DeltaNet, vec2x64/vec2x16/lut4/INT8/BF16 matrices, rotations, low-rank
+//! branches) and of the real SmolLM2 (Llama family, dense weights from the GGUF), on one thread
+//! and on a two-worker team.
+//!
+//! This file holds a single test so that no other test thread allocates while it counts.
+
+use forge_model::Logits;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+mod common;
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to the system allocator unchanged; the counter is only a side
+// effect.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's contract is passed on as it is.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { System.realloc(p, l, n) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made by `steps` greedy decode steps after `warm` untimed ones, with the loop as a
+/// server or `forge bench` runs it (logits buffer and session kept, KV room reserved).
+fn decode_allocations(model: &forge_model::model::Model, warm: usize, steps: usize) -> usize {
+    let mut s = model.new_session();
+    let mut logits = model.forward(&mut s, &[1, 2, 3, 4, 5, 6, 7], Logits::Last).unwrap();
+    s.reserve(warm + steps);
+    let mut tok = forge_model::sampling::argmax(&logits);
+    for _ in 0..warm {
+        model.forward_into(&mut s, &[tok], Logits::Last, &mut logits).unwrap();
+        tok = forge_model::sampling::argmax(&logits);
+    }
+    ALLOCS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..steps {
+        model.forward_into(&mut s, &[tok], Logits::Last, &mut logits).unwrap();
+        tok = forge_model::sampling::argmax(&logits);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    assert!(logits.iter().all(|v| v.is_finite()));
+    ALLOCS.load(Ordering::SeqCst)
+}
+
+#[test]
+fn warm_decode_steps_allocate_nothing() {
+    let dir = common::tmpdir("alloc");
+    let (ok, _, err) = common::forge(&["synth", "--shape", "tiny", "--output", dir.to_str().unwrap(), "--seed", "3"]);
+    assert!(ok, "forge synth failed: {err}");
+    let hybrid = forge_model::load::load(&dir).unwrap();
+    let smollm2 = forge_core::hub::resolve_model("smollm2", false).expect("SmolLM2 missing: run tools/setup.sh");
+    let smollm2 = forge_model::load::load(&smollm2).unwrap();
+
+    // The test harness runs this on a thread outside any pool: decode then goes through a
+    // pool as a caller outside it would (`install` once, the loop inside it).
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        for (name, m) in [("synthetic hybrid", &hybrid.model), ("SmolLM2", &smollm2.model)] {
+            let n = pool.install(|| decode_allocations(m, 6, 12));
+            assert_eq!(n, 0, "{name}, {threads} threads: {n} allocations in 12 warm decode steps");
+        }
+    }
+    // The counter counts: the same loop without a kept logits buffer allocates every step.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let n = pool.install(|| {
+        let mut s = hybrid.model.new_session();
+        s.reserve(8);
+        COUNTING.store(true, Ordering::SeqCst);
+        ALLOCS.store(0, Ordering::SeqCst);
+        for _ in 0..4 {
+            hybrid.model.forward(&mut s, &[5], Logits::Last).unwrap();
+        }
+        COUNTING.store(false, Ordering::SeqCst);
+        ALLOCS.load(Ordering::SeqCst)
+    });
+    assert!(n >= 4, "a fresh logits vector per step must show up: {n}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
