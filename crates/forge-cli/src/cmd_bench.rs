@@ -89,7 +89,9 @@ pub fn run(a: Args) -> Result<()> {
                 "packed": mem.packed,
                 "kv_cache": mem.kv,
                 "recurrent_state": mem.recurrent,
+                "scratch": mem.scratch,
             },
+            "decode_allocations_per_token": fast.allocs_per_token,
         });
         if let Some(r) = &reference {
             j["reference"] = json!({ "prefill_tok_s": r.prefill, "decode_tok_s": r.decode });
@@ -125,12 +127,14 @@ pub fn run(a: Args) -> Result<()> {
             split.iter().map(|(k, v)| format!("{k} {v:.2} ms ({:.0} %)", 100.0 * v / total.max(1e-12))).collect();
         println!("decode split     {} per token", parts.join(", "));
         println!(
-            "memory           weights {:.3} GiB, packed {:.3} GiB, KV cache {:.1} MiB, recurrent state {:.1} MiB",
+            "memory           weights {:.3} GiB, packed {:.3} GiB, KV cache {:.1} MiB, recurrent state {:.1} MiB, scratch {:.1} MiB",
             gb(mem.weights),
             gb(mem.packed),
             mem.kv as f64 / (1 << 20) as f64,
-            mem.recurrent as f64 / (1 << 20) as f64
+            mem.recurrent as f64 / (1 << 20) as f64,
+            mem.scratch as f64 / (1 << 20) as f64
         );
+        println!("heap allocations {:.2} per decoded token (timed runs)", fast.allocs_per_token);
     }
     Ok(())
 }
@@ -146,6 +150,8 @@ fn peak_rss() -> Option<u64> {
 struct Speeds {
     prefill: f64,
     decode: f64,
+    /// Heap allocations per token in the timed decode loops.
+    allocs_per_token: f64,
     session: Session,
 }
 
@@ -171,7 +177,7 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
             (s % vocab) as u32
         })
         .collect();
-    let once = |gen: usize| -> Result<(f64, f64, Session)> {
+    let once_here = |gen: usize| -> Result<(f64, f64, u64, Session)> {
         let mut sess = model.new_session();
         let t0 = Instant::now();
         let logits = model.forward(&mut sess, &prompt, Logits::Last)?;
@@ -179,23 +185,34 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
         let mut tok = argmax(&logits);
         sess.reserve(gen);
         let mut logits = logits;
+        let allocs0 = forge_kernels::scratch::allocations();
         let t1 = Instant::now();
         for _ in 0..gen {
             model.forward_into(&mut sess, &[tok], Logits::Last, &mut logits)?;
             tok = argmax(&logits);
         }
         let decode = gen as f64 / t1.elapsed().as_secs_f64().max(1e-9);
-        Ok((prefill, decode, sess))
+        Ok((prefill, decode, forge_kernels::scratch::allocations() - allocs0, sess))
     };
+    // Each run goes onto a pool worker once, instead of each token being handed to the pool
+    // from outside.
+    let once = |gen: usize| rayon::scope(|_| once_here(gen));
     once(4)?;
-    let (mut p, mut d, mut last) = (Vec::new(), Vec::new(), None);
+    let (mut p, mut d, mut allocs, mut last) = (Vec::new(), Vec::new(), 0, None);
     for _ in 0..a.repeats.max(1) {
-        let (pf, dc, sess) = once(a.gen_tokens)?;
+        let (pf, dc, n, sess) = once(a.gen_tokens)?;
         p.push(pf);
         d.push(dc);
+        allocs += n;
         last = Some(sess);
     }
-    Ok(Speeds { prefill: median(p), decode: median(d), session: last.expect("one repeat") })
+    let tokens = (a.repeats.max(1) * a.gen_tokens).max(1) as f64;
+    Ok(Speeds {
+        prefill: median(p),
+        decode: median(d),
+        allocs_per_token: allocs as f64 / tokens,
+        session: last.expect("one repeat"),
+    })
 }
 
 /// Decode time per token by part (ms), from one profiled run after the timed ones; `other` is
@@ -229,6 +246,8 @@ struct Memory {
     packed: usize,
     kv: usize,
     recurrent: usize,
+    /// Pooled work buffers and kept activation quantizations of all threads.
+    scratch: usize,
 }
 
 fn stored_bytes(l: &Linear) -> usize {
@@ -259,7 +278,7 @@ fn memory(model: &Model, sess: &Session) -> Memory {
             LayerState::Delta(d) => recurrent += (d.conv.len() + d.rec.len()) * 4,
         }
     }
-    Memory { weights, packed, kv, recurrent }
+    Memory { weights, packed, kv, recurrent, scratch: forge_kernels::scratch::held_bytes() }
 }
 
 /// Multi-threaded read bandwidth: sum a buffer of `gib` GiB (best of 3 passes), GB/s.

@@ -16,6 +16,10 @@ mod cmd_synth;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+/// The system allocator with a counter: `forge bench` reports heap allocations per decoded token.
+#[global_allocator]
+static ALLOC: forge_kernels::scratch::CountingAlloc = forge_kernels::scratch::CountingAlloc;
+
 #[derive(Parser)]
 #[command(name = "forge", version, about = "Quantize, evaluate and run LLMs on CPUs")]
 struct Cli {

@@ -6,49 +6,13 @@
 //!
 //! This file holds a single test so that no other test thread allocates while it counts.
 
+use forge_kernels::scratch::{allocations, CountingAlloc};
 use forge_model::Logits;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 mod common;
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to the system allocator unchanged; the counter is only a side
-// effect.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract is passed on as it is.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: as above.
-        unsafe { System.realloc(p, l, n) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Allocations made by `steps` greedy decode steps after `warm` untimed ones, with the loop as a
 /// server or `forge bench` runs it (logits buffer and session kept, KV room reserved).
@@ -61,15 +25,14 @@ fn decode_allocations(model: &forge_model::model::Model, warm: usize, steps: usi
         model.forward_into(&mut s, &[tok], Logits::Last, &mut logits).unwrap();
         tok = forge_model::sampling::argmax(&logits);
     }
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
+    let before = allocations();
     for _ in 0..steps {
         model.forward_into(&mut s, &[tok], Logits::Last, &mut logits).unwrap();
         tok = forge_model::sampling::argmax(&logits);
     }
-    COUNTING.store(false, Ordering::SeqCst);
+    let n = allocations() - before;
     assert!(logits.iter().all(|v| v.is_finite()));
-    ALLOCS.load(Ordering::SeqCst)
+    n as usize
 }
 
 #[test]
@@ -95,13 +58,11 @@ fn warm_decode_steps_allocate_nothing() {
     let n = pool.install(|| {
         let mut s = hybrid.model.new_session();
         s.reserve(8);
-        COUNTING.store(true, Ordering::SeqCst);
-        ALLOCS.store(0, Ordering::SeqCst);
+        let before = allocations();
         for _ in 0..4 {
             hybrid.model.forward(&mut s, &[5], Logits::Last).unwrap();
         }
-        COUNTING.store(false, Ordering::SeqCst);
-        ALLOCS.load(Ordering::SeqCst)
+        allocations() - before
     });
     assert!(n >= 4, "a fresh logits vector per step must show up: {n}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -7,14 +7,30 @@
 //! same sizes in the same order, so after the first token or two every request is served from
 //! the pool.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 
 /// Buffers a thread keeps; more are freed as usual.
 const KEEP: usize = 48;
 
 thread_local! {
     static POOL: RefCell<Vec<Vec<f32>>> = RefCell::new(Vec::with_capacity(KEEP));
+}
+
+/// Bytes of scratch buffers alive in all threads, lent out or pooled.
+static HELD: AtomicIsize = AtomicIsize::new(0);
+
+/// Bytes held as scratch by all threads (pooled or in use): `forge bench`'s "scratch" memory.
+pub fn held_bytes() -> usize {
+    HELD.load(Ordering::Relaxed).max(0) as usize
+}
+
+/// Record a change in the capacity held as scratch (`f32` buffers here, and other kept
+/// structures such as the quantized activations).
+pub fn note_held(before_bytes: usize, after_bytes: usize) {
+    HELD.fetch_add(after_bytes as isize - before_bytes as isize, Ordering::Relaxed);
 }
 
 /// An `f32` buffer from the thread's pool, returned to the pool of the thread that drops it.
@@ -48,21 +64,26 @@ impl Buf {
     /// `n` zeros.
     pub fn zeros(n: usize) -> Buf {
         let mut v = take(n);
+        let before = v.capacity();
         v.clear();
         v.resize(n, 0.0);
+        note_held(4 * before, 4 * v.capacity());
         Buf { v }
     }
 
     /// A copy of `x`.
     pub fn copy_of(x: &[f32]) -> Buf {
         let mut v = take(x.len());
+        let before = v.capacity();
         v.clear();
         v.extend_from_slice(x);
+        note_held(4 * before, 4 * v.capacity());
         Buf { v }
     }
 
     /// The values as a plain vector, leaving the pool.
     pub fn into_vec(mut self) -> Vec<f32> {
+        note_held(4 * self.v.capacity(), 0);
         std::mem::take(&mut self.v)
     }
 }
@@ -73,14 +94,20 @@ impl Drop for Buf {
             return;
         }
         let v = std::mem::take(&mut self.v);
+        let bytes = 4 * v.capacity();
         // During thread teardown, or with the pool full, the buffer is simply freed.
-        let _ = POOL.try_with(|p| {
-            if let Ok(mut p) = p.try_borrow_mut() {
-                if p.len() < KEEP {
+        let kept = POOL
+            .try_with(|p| match p.try_borrow_mut() {
+                Ok(mut p) if p.len() < KEEP => {
                     p.push(v);
+                    true
                 }
-            }
-        });
+                _ => false,
+            })
+            .unwrap_or(false);
+        if !kept {
+            note_held(bytes, 0);
+        }
     }
 }
 
@@ -108,6 +135,42 @@ pub fn with_kept<T: Default + 'static, R>(
     let r = f(&mut v);
     let _ = key.try_with(|c| *c.borrow_mut() = Some(v));
     r
+}
+
+/// Heap allocations made in this process so far, when [`CountingAlloc`] is the global
+/// allocator (0 otherwise).
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations (`forge bench` reports them per decoded token;
+/// the allocation test asserts there are none). Install with `#[global_allocator]`.
+pub struct CountingAlloc;
+
+// SAFETY: every call forwards to the system allocator with the caller's arguments unchanged;
+// the counter is a side effect that never touches the memory.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is passed on as it is.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above, for `alloc_zeroed`.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above, for `realloc` (`p` came from this allocator, i.e. from `System`).
+        unsafe { System.realloc(p, l, n) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: as above, for `dealloc`.
+        unsafe { System.dealloc(p, l) }
+    }
 }
 
 #[cfg(test)]

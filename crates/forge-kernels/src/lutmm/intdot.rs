@@ -242,7 +242,9 @@ thread_local! {
 /// allocation once they are large enough).
 pub fn with_quantized<R>(x: &[f32], t: usize, cin: usize, f: impl FnOnce(&QuantX) -> R) -> R {
     crate::scratch::with_kept(&QUANT_X, |qx| {
+        let before = qx.capacity_bytes();
         qx.requantize(x, t, cin);
+        crate::scratch::note_held(before, qx.capacity_bytes());
         f(qx)
     })
 }
@@ -258,6 +260,11 @@ impl QuantX {
         let mut q = QuantX::default();
         q.fill(x, t, cin, planes, crate::simd::has_avx2_fma());
         q
+    }
+
+    /// Bytes of the buffers behind this value.
+    fn capacity_bytes(&self) -> usize {
+        2 * self.q.capacity() + 4 * (self.scale.capacity() + self.corr.capacity())
     }
 
     /// Quantize into this value's buffers (no allocation once they are large enough).
