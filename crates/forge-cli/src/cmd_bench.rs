@@ -177,7 +177,7 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
             (s % vocab) as u32
         })
         .collect();
-    let once_here = |gen: usize| -> Result<(f64, f64, u64, Session)> {
+    let once = |gen: usize| -> Result<(f64, f64, u64, Session)> {
         let mut sess = model.new_session();
         let t0 = Instant::now();
         let logits = model.forward(&mut sess, &prompt, Logits::Last)?;
@@ -194,18 +194,20 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
         let decode = gen as f64 / t1.elapsed().as_secs_f64().max(1e-9);
         Ok((prefill, decode, forge_kernels::scratch::allocations() - allocs0, sess))
     };
-    // Each run goes onto a pool worker once, instead of each token being handed to the pool
-    // from outside.
-    let once = |gen: usize| rayon::scope(|_| once_here(gen));
-    once(4)?;
-    let (mut p, mut d, mut allocs, mut last) = (Vec::new(), Vec::new(), 0, None);
-    for _ in 0..a.repeats.max(1) {
-        let (pf, dc, n, sess) = once(a.gen_tokens)?;
-        p.push(pf);
-        d.push(dc);
-        allocs += n;
-        last = Some(sess);
-    }
+    // All runs on one pool worker, as a server's decode loop runs, instead of each token being
+    // handed to the pool from outside (and each run warming another worker's scratch).
+    let (p, d, allocs, last) = rayon::scope(|_| -> Result<_> {
+        once(4)?;
+        let (mut p, mut d, mut allocs, mut last) = (Vec::new(), Vec::new(), 0, None);
+        for _ in 0..a.repeats.max(1) {
+            let (pf, dc, n, sess) = once(a.gen_tokens)?;
+            p.push(pf);
+            d.push(dc);
+            allocs += n;
+            last = Some(sess);
+        }
+        Ok((p, d, allocs, last))
+    })?;
     let tokens = (a.repeats.max(1) * a.gen_tokens).max(1) as f64;
     Ok(Speeds {
         prefill: median(p),

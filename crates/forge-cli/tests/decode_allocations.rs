@@ -49,8 +49,8 @@ fn warm_decode_steps_allocate_nothing() {
     for threads in [1, 2] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         for (name, m) in [("synthetic hybrid", &hybrid.model), ("SmolLM2", &smollm2.model)] {
-            let n = pool.install(|| decode_allocations(m, 6, 12));
-            assert_eq!(n, 0, "{name}, {threads} threads: {n} allocations in 12 warm decode steps");
+            let n = pool.install(|| decode_allocations(m, 6, 40));
+            assert_eq!(n, 0, "{name}, {threads} threads: {n} allocations in 40 warm decode steps");
         }
     }
     // The counter counts: the same loop without a kept logits buffer allocates every step.

@@ -185,3 +185,44 @@ fn synth_bad_arguments_fail_with_one_clear_line() {
     expect(&["synth", "--shape", "tiny", "--output", d], &[d, "not empty"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocations() {
+    let dir = tmp("bench");
+    synth(&dir, "9", "2");
+    let (ok, out, err) = forge(&[
+        "--threads",
+        "2",
+        "bench",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--bandwidth-gib",
+        "0.03",
+        "--json",
+    ]);
+    assert!(ok, "forge bench failed: {err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let num = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("no number '{k}' in {out}"));
+    assert!(num("prefill_tok_s") > 0.0 && num("decode_tok_s") > 0.0 && num("bandwidth_gb_s") > 0.0);
+    assert_eq!(num("threads"), 2.0);
+    // Every matrix of the export is read once per token: at least the packed bytes of the
+    // layers, at most those plus the (BF16) dense ones.
+    let mem = &j["memory_bytes"];
+    let packed = mem["packed"].as_f64().unwrap();
+    assert!(packed > 0.0 && num("weight_bytes_per_token") >= packed, "{out}");
+    // The hybrid layout has both caches; scratch is held once a pass has run.
+    for k in ["kv_cache", "recurrent_state", "scratch"] {
+        assert!(mem[k].as_f64().unwrap() > 0.0, "memory category {k}: {out}");
+    }
+    assert_eq!(num("decode_allocations_per_token"), 0.0, "{out}");
+    for part in ["attention", "deltanet", "mlp", "head"] {
+        assert!(j["decode_split_ms_per_token"][part].as_f64().unwrap() > 0.0, "{part}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,16 +13,24 @@ pub fn recurrent_step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32
     let dv = v.len();
     let decay = g.exp();
     state.iter_mut().for_each(|s| *s *= decay);
-    // kv_mem = Sᵀ k
-    let mut delta = crate::scratch::Buf::zeros(dv);
+    // kv_mem = Sᵀ k (on the stack for the usual head sizes: this runs on pool workers, which
+    // should not need scratch of their own).
+    let mut stack = [0f32; 256];
+    let mut heap;
+    let delta: &mut [f32] = if dv <= stack.len() {
+        &mut stack[..dv]
+    } else {
+        heap = crate::scratch::Buf::zeros(dv);
+        &mut heap
+    };
     for (i, &ki) in k.iter().enumerate() {
-        axpy(ki, &state[i * dv..(i + 1) * dv], &mut delta);
+        axpy(ki, &state[i * dv..(i + 1) * dv], delta);
     }
     for (d, &vj) in delta.iter_mut().zip(v) {
         *d = (vj - *d) * beta;
     }
     for (i, &ki) in k.iter().enumerate() {
-        axpy(ki, &delta, &mut state[i * dv..(i + 1) * dv]);
+        axpy(ki, delta, &mut state[i * dv..(i + 1) * dv]);
     }
     out.iter_mut().for_each(|o| *o = 0.0);
     for (i, &qi) in q.iter().enumerate() {
@@ -47,11 +55,12 @@ pub fn chunked(
     let t = g.len();
     let mut start = 0;
     // Scratch reused across chunks.
-    let mut cum = vec![0f32; chunk];
-    let mut nmat = vec![0f32; chunk * chunk];
-    let mut vnew = vec![0f32; chunk * dv];
-    let mut kcd = vec![0f32; chunk * dk];
-    let mut tmp = vec![0f32; dv];
+    use crate::scratch::Buf;
+    let mut cum = Buf::zeros(chunk);
+    let mut nmat = Buf::zeros(chunk * chunk);
+    let mut vnew = Buf::zeros(chunk * dv);
+    let mut kcd = Buf::zeros(chunk * dk);
+    let mut tmp = Buf::zeros(dv);
     while start < t {
         let l = chunk.min(t - start);
         let (qc, kc, vc) = (&q[start * dk..], &k[start * dk..], &v[start * dv..]);

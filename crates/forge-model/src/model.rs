@@ -411,11 +411,15 @@ impl Model {
         let gsize = per_item * hd;
         // Fork only when there is enough work to pay for it (not for decode at short context).
         if fork((pos0 + t) * t * nh * hd) {
-            // Two tasks per worker, each with its own score buffer; single heads one by one.
+            // Two tasks per worker, each with its own score buffer; single heads one by one. The
+            // score buffers are taken here, on the calling thread, so that the workers need no
+            // scratch of their own.
             let per = if per_item == 1 { 1 } else { (t * nh / per_item).div_ceil(2 * threads) };
-            par_chunks_mut(&mut out, per * gsize, &|i, o| {
-                let mut scores = Buf::zeros(per_item * (pos0 + t));
-                o.chunks_mut(gsize).enumerate().for_each(|(k, og)| one(&mut scores, (i * per + k, og)));
+            let tasks = out.len().div_ceil(per * gsize);
+            let ssize = per_item * (pos0 + t);
+            let mut scores = Buf::zeros(tasks * ssize);
+            par_chunks2_mut(&mut out, per * gsize, &mut scores, ssize, &|i, o, sc| {
+                o.chunks_mut(gsize).enumerate().for_each(|(k, og)| one(sc, (i * per + k, og)));
             });
         } else {
             let mut scores = Buf::zeros(per_item * (pos0 + t));
@@ -464,11 +468,17 @@ impl Model {
         st.conv.copy_from_slice(&full[t * cd..]);
         let ratio = nv / nk;
         let qscale = 1.0 / (dk as f32).sqrt();
-        // Per value head: gather, normalize, run the delta rule; output `[head][t][dv]`.
-        let head = |hv: usize, state: &mut [f32], o: &mut [f32]| {
+        // Per value head: gather, normalize, run the delta rule. Each head's work area, taken
+        // here on the calling thread (the workers need no scratch of their own), holds its
+        // output `o` (`t × dv`) then `q`, `k` (`t × dk`), `v` (`t × dv`), `g` and `β` (`t`).
+        let area = t * (2 * dv + 2 * dk + 2);
+        let head = |hv: usize, state: &mut [f32], work: &mut [f32]| {
             let hk = hv / ratio;
-            let (mut q, mut k, mut v) = (Buf::zeros(t * dk), Buf::zeros(t * dk), Buf::zeros(t * dv));
-            let (mut g, mut beta) = (Buf::zeros(t), Buf::zeros(t));
+            let (o, rest) = work.split_at_mut(t * dv);
+            let (q, rest) = rest.split_at_mut(t * dk);
+            let (k, rest) = rest.split_at_mut(t * dk);
+            let (v, rest) = rest.split_at_mut(t * dv);
+            let (g, beta) = rest.split_at_mut(t);
             for i in 0..t {
                 let row = &conv[i * cd..(i + 1) * cd];
                 let qi = &mut q[i * dk..(i + 1) * dk];
@@ -483,21 +493,22 @@ impl Model {
                 g[i] = -d.a_log[hv].exp() * softplus(a[i * nv + hv] + d.dt_bias[hv]);
             }
             if t == 1 {
-                deltanet::recurrent_step(state, &q, &k, &v, g[0], beta[0], o);
+                deltanet::recurrent_step(state, q, k, v, g[0], beta[0], o);
             } else {
-                deltanet::chunked(state, &q, &k, &v, &g, &beta, dk, dv, DELTANET_CHUNK, o);
+                deltanet::chunked(state, q, k, v, g, beta, dk, dv, DELTANET_CHUNK, o);
             }
         };
-        let mut outs = Buf::zeros(nv * t * dv);
+        let mut work = Buf::zeros(nv * area);
         if fork(nv * dk * dv * t) {
-            par_chunks2_mut(&mut st.rec, dk * dv, &mut outs, t * dv, &head);
+            par_chunks2_mut(&mut st.rec, dk * dv, &mut work, area, &head);
         } else {
-            for (hv, (state, o)) in st.rec.chunks_mut(dk * dv).zip(outs.chunks_mut(t * dv)).enumerate() {
-                head(hv, state, o);
+            for (hv, (state, w)) in st.rec.chunks_mut(dk * dv).zip(work.chunks_mut(area)).enumerate() {
+                head(hv, state, w);
             }
         }
         let mut core = Buf::zeros(t * vd);
-        for (hv, o) in outs.chunks(t * dv).enumerate() {
+        for (hv, w) in work.chunks(area).enumerate() {
+            let o = &w[..t * dv];
             for i in 0..t {
                 let dst = &mut core[i * vd + hv * dv..i * vd + (hv + 1) * dv];
                 dst.copy_from_slice(&o[i * dv..(i + 1) * dv]);
