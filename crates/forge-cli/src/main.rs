@@ -26,8 +26,8 @@ struct Cli {
     /// Worker threads (default: all cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
-    /// Integer kernels take activations as one 16-bit plane per block instead of two: faster,
-    /// but logits move by up to ~5e-3 (two planes match the f32 reference to ~1e-7 relative).
+    /// Integer kernels take activations as one 16-bit plane per block, without the 7-bit plane
+    /// for its residual: faster, but logits move by up to ~5e-3 (both planes: within ~1e-4).
     #[arg(long, global = true)]
     act16: bool,
     #[command(subcommand)]

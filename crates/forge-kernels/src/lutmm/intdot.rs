@@ -1,11 +1,12 @@
-//! Integer-dot kernels: codebooks as 8-bit integers looked up with `pshufb`, activations as
-//! 16-bit integers, products summed with `pmaddwd` into 32-bit integers.
+//! Integer-dot kernels: codebooks as 8-bit integers looked up with `pshufb`, activations as a
+//! 16-bit plane (multiplied with `pmaddwd`) and a 7-bit plane for its residual (multiplied with
+//! `pmaddubsw` on the weight bytes), products summed into 32-bit integers.
 //!
 //! A LUT codebook qualifies when it is `f · q` with `f` a power of two and `q` 8-bit integers
 //! (the quantizer snaps its codebooks to that grid; see `forge_quant::fit::snap_codebook`). Then
 //! a weight is exactly `scale[row] · f · q[idx]`, and the kernel's only approximation is the
-//! activation: each block of [`XBLOCK`] inputs of a row is written as two 16-bit planes with
-//! their own scales (see [`QuantX`]; ~2⁻³¹ of the block's largest magnitude), so an outlier only
+//! activation: each block of [`XBLOCK`] inputs of a row is written as two planes with their own
+//! scales (see [`QuantX`]; within ~2⁻²³ of the block's largest magnitude), so an outlier only
 //! coarsens its own block. Integer sums are exact (a lane of a block cannot overflow 32 bits);
 //! each block's eight lane sums are fused into f32 lanes, summed in one fixed order per row.
 //!
@@ -51,10 +52,9 @@ fn accumulate(lanes: &mut [f32; LANES], a: &[i64; LANES], s: f32) {
 
 static PLANES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
 
-/// Activation planes for the integer kernels from now on: 2 (default; the fast path equals the
-/// f32 reference to ~1e-7 relative) or 1 (one 16-bit plane: half the multiplies, SmolLM2
-/// decode 1.06–1.09× at 2 threads; its logits move by up to ~5e-3). Process-wide, like
-/// llama.cpp's activation type.
+/// Activation planes for the integer kernels from now on: 2 (default; SmolLM2's logits within
+/// ~1e-4 of the f32 reference) or 1 (the 16-bit plane alone: fewer multiplies, logits move by up
+/// to ~5e-3). Process-wide, like llama.cpp's activation type.
 pub fn set_activation_planes(n: usize) {
     assert!(n == 1 || n == 2, "1 or 2 activation planes");
     PLANES.store(n, std::sync::atomic::Ordering::Relaxed)
@@ -62,6 +62,9 @@ pub fn set_activation_planes(n: usize) {
 
 /// Largest 16-bit activation magnitude.
 const XMAX: f32 = 32767.0;
+/// Largest second-plane code: `pmaddubsw` adds two products of a weight byte (≤ 255) and a
+/// code without saturating (2 · 255 · 63 < 2¹⁵).
+const XMAX2: f32 = 63.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -141,8 +144,10 @@ fn xpos(m: usize) -> usize {
 }
 
 /// Activations quantized for the integer kernels: per block, `x ≈ s₁·q₁ + s₂·q₂` with 16-bit
-/// `q₁` and `q₂` quantizing the residual `x − s₁·q₁` (so about 31 bits in all: the kernels agree
-/// with f32 arithmetic to ~1e-7 relative instead of 16-bit activations' ~1e-5).
+/// `q₁` and 7-bit `q₂` quantizing the residual `x − s₁·q₁`: `|x − x̂| ≤ max|x| / (65534 · 126)`,
+/// about 2⁻²³. (A 16-bit `q₂` cost two more `pmaddwd` and adds per 32 weights; the byte plane
+/// goes straight into `pmaddubsw` with the weight bytes: decode kernels 1.03–1.07× on one
+/// core, SmolLM2's logits still within 1e-4 of the f32 reference.)
 #[derive(Default)]
 pub struct QuantX {
     pub t: usize,
@@ -152,13 +157,16 @@ pub struct QuantX {
     /// Input width rounded up to a whole chunk.
     pub cin_pad: usize,
     pub nblocks: usize,
-    /// `t × 2·cin_pad`: per chunk, the 32 `q₁` then the 32 `q₂`, each in [`xpos`] order, zero
-    /// past the input width.
+    /// `t × 2·cin_pad`: per chunk, the 32 `q₁` in [`xpos`] order, zero past the input width,
+    /// then 32 unused zeros.
     pub q: Vec<i16>,
+    /// `t × cin_pad`: the second plane's codes `q₂` in `[-63, 63]`, in column order (what
+    /// `pmaddubsw` multiplies with the unsigned weight bytes directly).
+    pub q2: Vec<i8>,
     /// `t × nblocks × 2`: `(s₁, s₂)` per block.
     pub scale: Vec<f32>,
     /// `t × nblocks × 2 × LANES`: per block and plane, `128 · Σ q` over the columns of each
-    /// accumulator lane. The SIMD kernels multiply unsigned weights `w + 128` (a zero-extend
+    /// accumulator lane ([`lane`] for `q₁`, [`lane2`] for `q₂`). The SIMD kernels multiply unsigned weights `w + 128` (a zero-extend
     /// instead of a sign-extend) and subtract this to recover `Σ w · q` exactly.
     pub corr: Vec<i32>,
 }
@@ -166,6 +174,13 @@ pub struct QuantX {
 /// Accumulator lanes of the kernels: position `k` of a chunk's stored activations (see
 /// [`xpos`]) adds into lane `(k mod 16) / 2` (what `pmaddwd` pairs and sums).
 const LANES: usize = 8;
+
+/// Accumulator lane of column `m` of a chunk in the second plane: `pmaddubsw` adds byte pairs
+/// and `pmaddwd` by ones adds pairs of those, so lane `l` holds columns `4l..4l + 4`.
+#[inline(always)]
+fn lane2(m: usize) -> usize {
+    m / 4
+}
 
 #[inline(always)]
 fn lane(k: usize) -> usize {
@@ -285,9 +300,11 @@ impl QuantX {
         assert_eq!(x.len(), t * cin, "x has {} values, expected {t}×{cin}", x.len());
         let cin_pad = cin.div_ceil(CHUNK) * CHUNK;
         let nblocks = cin_pad.div_ceil(XBLOCK);
-        let (q, scale, corr) = (&mut self.q, &mut self.scale, &mut self.corr);
+        let (q, q2, scale, corr) = (&mut self.q, &mut self.q2, &mut self.scale, &mut self.corr);
         q.clear();
         q.resize(t * 2 * cin_pad, 0);
+        q2.clear();
+        q2.resize(t * cin_pad, 0);
         scale.clear();
         scale.resize(t * nblocks * 2, 0.0);
         let mut resid = [0f32; XBLOCK];
@@ -336,12 +353,11 @@ impl QuantX {
                 let res = &resid[..xb.len()];
                 let (m2, _) = absmax_finite(res);
                 if m2 > 0.0 {
-                    let (s2, inv2) = (m2 / XMAX, XMAX / m2);
+                    let (s2, inv2) = (m2 / XMAX2, XMAX2 / m2);
                     sc[1] = s2;
-                    let mut scratch = [0f32; CHUNK];
-                    for (c, rc) in res.chunks(CHUNK).enumerate() {
-                        let out = &mut qr[(j0 / CHUNK + c) * 2 * CHUNK + CHUNK..][..CHUNK];
-                        chunk(rc, inv2, s2, out, &mut scratch);
+                    let q2b = &mut q2[r * cin_pad + j0..][..xb.len()];
+                    for (o, &v) in q2b.iter_mut().zip(res) {
+                        *o = round_small(v * inv2).clamp(-XMAX2, XMAX2) as i8;
                     }
                 }
             }
@@ -350,15 +366,19 @@ impl QuantX {
         corr.resize(t * nblocks * 2 * LANES, 0);
         for (r, cr) in corr.chunks_mut(nblocks * 2 * LANES).enumerate() {
             let qr = &q[r * 2 * cin_pad..(r + 1) * 2 * cin_pad];
-            for (c, qc) in qr.chunks(2 * CHUNK).enumerate() {
+            let q2r = &q2[r * cin_pad..(r + 1) * cin_pad];
+            for (c, (qc, q2c)) in qr.chunks(2 * CHUNK).zip(q2r.chunks(CHUNK)).enumerate() {
                 let b = c * CHUNK / XBLOCK;
-                for (plane, qp) in qc.chunks(CHUNK).enumerate() {
-                    let cl = &mut cr[(b * 2 + plane) * LANES..][..LANES];
-                    // Lane l holds positions 2l, 2l + 1, 16 + 2l and 17 + 2l (see `lane`).
-                    for (l, acc) in cl.iter_mut().enumerate() {
-                        let (a, b) = (&qp[2 * l..2 * l + 2], &qp[16 + 2 * l..18 + 2 * l]);
-                        *acc += 128 * (a[0] as i32 + a[1] as i32 + b[0] as i32 + b[1] as i32);
-                    }
+                let cl = &mut cr[b * 2 * LANES..][..LANES];
+                // Lane l holds positions 2l, 2l + 1, 16 + 2l and 17 + 2l (see `lane`).
+                for (l, acc) in cl.iter_mut().enumerate() {
+                    let (a, b) = (&qc[2 * l..2 * l + 2], &qc[16 + 2 * l..18 + 2 * l]);
+                    *acc += 128 * (a[0] as i32 + a[1] as i32 + b[0] as i32 + b[1] as i32);
+                }
+                let cl2 = &mut cr[(b * 2 + 1) * LANES..][..LANES];
+                // Lane l holds columns 4l..4l + 4 (see `lane2`).
+                for (l, acc) in cl2.iter_mut().enumerate() {
+                    *acc += 128 * q2c[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum::<i32>();
                 }
             }
         }
@@ -759,6 +779,7 @@ impl DotMatrix {
                     t: qx.t,
                     planes: qx.planes,
                     xq: qx.q.as_ptr(),
+                    xq2: qx.q2.as_ptr(),
                     xs: qx.scale.as_ptr(),
                     corr: qx.corr.as_ptr(),
                     nblocks: qx.nblocks,
@@ -839,13 +860,15 @@ impl DotMatrix {
             for c in b * XBLOCK / CHUNK..((b + 1) * XBLOCK / CHUNK).min(nchunks) {
                 let w = self.chunk_weights(row, c);
                 for (t, a) in acc.iter_mut().enumerate().take(tc) {
-                    let x = &qx.q[(t0 + t) * 2 * self.cin_pad + c * 2 * CHUNK..][..2 * CHUNK];
-                    for (v, av) in a.iter_mut().enumerate().take(nr) {
-                        for (plane, ap) in av.iter_mut().enumerate() {
-                            for (k, &xk) in x[plane * CHUNK..][..CHUNK].iter().enumerate() {
-                                // Position k holds column xpos(k) (xpos is its own inverse).
-                                ap[lane(k)] += w[v][xpos(k)] as i64 * xk as i64;
-                            }
+                    let x = &qx.q[(t0 + t) * 2 * self.cin_pad + c * 2 * CHUNK..][..CHUNK];
+                    let x2 = &qx.q2[(t0 + t) * self.cin_pad + c * CHUNK..][..CHUNK];
+                    for (v, [a1, a2]) in a.iter_mut().enumerate().take(nr) {
+                        for (k, &xk) in x.iter().enumerate() {
+                            // Position k holds column xpos(k) (xpos is its own inverse).
+                            a1[lane(k)] += w[v][xpos(k)] as i64 * xk as i64;
+                        }
+                        for (m, &xm) in x2.iter().enumerate() {
+                            a2[lane2(m)] += w[v][m] as i64 * xm as i64;
                         }
                     }
                 }
@@ -903,6 +926,8 @@ mod avx2 {
         pub t: usize,
         pub planes: usize,
         pub xq: *const i16,
+        /// `QuantX::q2`.
+        pub xq2: *const i8,
         pub xs: *const f32,
         /// `QuantX::corr`.
         pub corr: *const i32,
@@ -923,6 +948,7 @@ mod avx2 {
                 let part = Args {
                     t: MAX_T.min(a.t - t0),
                     xq: a.xq.add(t0 * 2 * a.cin_pad),
+                    xq2: a.xq2.add(t0 * a.cin_pad),
                     xs: a.xs.add(t0 * a.nblocks * 2),
                     corr: a.corr.add(t0 * a.nblocks * 2 * LANES),
                     out: a.out.add(t0 * a.out_t_stride),
@@ -1212,6 +1238,15 @@ mod avx2 {
         _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(g0, g1), _mm256_permute2f128_ps::<0x31>(g0, g1))
     }
 
+    /// `acc + Σ` of the unsigned weight bytes `w` times the signed second-plane codes at `x`,
+    /// four columns per lane (`lane2`): `pmaddubsw` (exact: see `XMAX2`), then `pmaddwd` by
+    /// ones.
+    #[inline(always)]
+    unsafe fn mac2(acc: __m256i, w: __m256i, x: *const __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(w, _mm256_loadu_si256(x));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+
     /// `acc + madd(lo, x[0]) + madd(hi, x[1])`.
     #[inline(always)]
     unsafe fn mac(acc: __m256i, lo: __m256i, hi: __m256i, x: *const __m256i) -> __m256i {
@@ -1371,7 +1406,8 @@ mod avx2 {
                     let x = a.xq.add((t0 + t) * 2 * a.cin_pad + (c0 + i) * 2 * CHUNK) as *const __m256i;
                     at[v][0] = mac(at[v][0], lo, hi, x);
                     if P == 2 {
-                        at[v][1] = mac(at[v][1], lo, hi, x.add(2));
+                        let x2 = a.xq2.add((t0 + t) * a.cin_pad + (c0 + i) * CHUNK) as *const __m256i;
+                        at[v][1] = mac2(at[v][1], wv, x2);
                     }
                 }
             }
@@ -1425,8 +1461,9 @@ mod avx2 {
         let cb = chunk_bytes(K);
         let zero = _mm256_setzero_si256();
         let o0 = r0 * nw(K);
-        // Per output row, per chunk: the low and high 16-lane halves.
-        let mut wbuf = [zero; 4 * 2 * PER_BLOCK];
+        // Per output row, per chunk: the low and high 16-lane halves, and the bytes themselves
+        // (for the second plane).
+        let mut wbuf = [zero; 4 * 3 * PER_BLOCK];
         let mut lanes = [[_mm256_setzero_ps(); NO]; MAX_T];
         let mut c0 = 0usize;
         for b in 0..a.nblocks {
@@ -1439,8 +1476,9 @@ mod avx2 {
                         let o = i * nw(K) + v;
                         if o < NO {
                             let (lo, hi) = widen(wv);
-                            wbuf[(o * PER_BLOCK + c) * 2] = lo;
-                            wbuf[(o * PER_BLOCK + c) * 2 + 1] = hi;
+                            wbuf[(o * PER_BLOCK + c) * 3] = lo;
+                            wbuf[(o * PER_BLOCK + c) * 3 + 1] = hi;
+                            wbuf[(o * PER_BLOCK + c) * 3 + 2] = wv;
                         }
                     }
                 }
@@ -1448,13 +1486,14 @@ mod avx2 {
             for (t, lt) in lanes.iter_mut().enumerate().take(a.t) {
                 let mut acc = [[zero; 2]; NO];
                 let xt = a.xq.add(t * 2 * a.cin_pad + c0 * 2 * CHUNK) as *const __m256i;
+                let x2t = a.xq2.add(t * a.cin_pad + c0 * CHUNK) as *const __m256i;
                 for c in 0..nc {
                     let x = xt.add(4 * c);
                     for (o, ao) in acc.iter_mut().enumerate() {
-                        let w = wbuf.as_ptr().add((o * PER_BLOCK + c) * 2);
+                        let w = wbuf.as_ptr().add((o * PER_BLOCK + c) * 3);
                         ao[0] = mac(ao[0], *w, *w.add(1), x);
                         if P == 2 {
-                            ao[1] = mac(ao[1], *w, *w.add(1), x.add(2));
+                            ao[1] = mac2(ao[1], *w.add(2), x2t.add(c));
                         }
                     }
                 }
