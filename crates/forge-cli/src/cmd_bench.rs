@@ -178,12 +178,14 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
         })
         .collect();
     let once = |gen: usize| -> Result<(f64, f64, u64, Session)> {
+        // The caches are sized for the whole run up front, as llama.cpp sizes its context:
+        // neither prefill nor decode times a cache growing.
         let mut sess = model.new_session();
+        sess.reserve(prompt.len() + gen);
         let t0 = Instant::now();
         let logits = model.forward(&mut sess, &prompt, Logits::Last)?;
         let prefill = prompt.len() as f64 / t0.elapsed().as_secs_f64();
         let mut tok = argmax(&logits);
-        sess.reserve(gen);
         let mut logits = logits;
         let allocs0 = forge_kernels::scratch::allocations();
         let t1 = Instant::now();

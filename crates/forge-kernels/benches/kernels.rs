@@ -1,15 +1,16 @@
 //! Microbenchmarks of the integer-dot matrix kernels: each format at decode (T = 1) and verify
 //! (T = 8) on SmolLM2's MLP shape and a 27B-sized slice, SIMD against the scalar reference on
-//! the same packed data, activations quantized outside the timed loop.
+//! the same packed data, activations quantized outside the timed loop; and prefill (T = 64,
+//! weights decoded to f32 and FMA tiles), counted in multiply-adds per second.
 //!
 //! `cargo bench -p forge-kernels --bench kernels` (divan prints time and bytes/s per case; the
 //! ratio SIMD ÷ scalar is the speedup). `forge bench --kernels` gives the same comparison as one
 //! table with the machine's read bandwidth measured next to it.
 
-use divan::counter::BytesCount;
+use divan::counter::{BytesCount, ItemsCount};
 use divan::Bencher;
 use forge_kernels::lut::{synthetic, Format, Synthetic};
-use forge_kernels::lutmm::intdot::{matmul_many, DotMatrix, QuantX};
+use forge_kernels::lutmm::intdot::{gemm_many, matmul_many, DotMatrix, QuantX};
 
 fn main() {
     divan::main();
@@ -61,4 +62,18 @@ fn decode_scalar<const S: usize>(b: Bencher, format: &str) {
 #[divan::bench(args = FORMATS, consts = [0, 1])]
 fn verify8_simd<const S: usize>(b: Bencher, format: &str) {
     run(b, format, SHAPES[S], 8, true)
+}
+
+/// Prefill: T = 64 rows through the decode-to-f32 and FMA path; items are multiply-adds.
+#[divan::bench(args = FORMATS, consts = [0, 1], sample_count = 20)]
+fn prefill64_simd<const S: usize>(b: Bencher, format: &str) {
+    let ((cout, cin), t) = (SHAPES[S], 64);
+    let m = matrix(format, cout, cin);
+    let mut r = Lcg(7);
+    let x: Vec<f32> = (0..t * cin).map(|_| (r.next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let mut y = vec![0f32; t * cout];
+    b.counter(ItemsCount::new(t * cout * cin)).bench_local(|| {
+        gemm_many(true, &[&m], &x, t, &mut [&mut y]);
+        divan::black_box(&y);
+    });
 }

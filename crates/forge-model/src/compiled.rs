@@ -186,7 +186,7 @@ impl Compiled {
 /// What `compile` did.
 pub struct CompileReport {
     pub matrices: usize,
-    /// Matrices left to the float tile kernels (codebook off the 8-bit grid).
+    /// Matrices left to the float tile kernels (lut2/lut3, or a codebook off the 8-bit grid).
     pub tiles: usize,
     pub bytes: u64,
     pub reused: bool,
