@@ -72,6 +72,7 @@ pub fn run(a: Args) -> Result<()> {
         let mut j = json!({
             "model": path.display().to_string(),
             "threads": threads,
+            "isa": forge_kernels::lutmm::intdot::isa(),
             "prompt_tokens": a.prompt_tokens,
             "gen_tokens": a.gen_tokens,
             "repeats": a.repeats,
@@ -100,6 +101,7 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         println!("model            {}", path.display());
         println!("threads          {threads}");
+        println!("kernels          {}", forge_kernels::lutmm::intdot::isa());
         println!("prompt/gen       {} / {} tokens, median of {}", a.prompt_tokens, a.gen_tokens, a.repeats);
         println!("prefill          {:.1} tok/s", fast.prefill);
         println!("decode           {:.1} tok/s", fast.decode);
@@ -378,11 +380,14 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({ "threads": threads, "shape": [cout, cin], "bandwidth_gb_s": bw, "kernels": rows })
+                &json!({ "threads": threads, "shape": [cout, cin], "bandwidth_gb_s": bw, "isa": forge_kernels::lutmm::intdot::isa(), "kernels": rows })
             )?
         );
     } else {
-        println!("kernels on {cout}×{cin}, {threads} threads, read bandwidth {bw:.2} GB/s (measured in this run)");
+        println!(
+            "kernels on {cout}×{cin}, {threads} threads, read bandwidth {bw:.2} GB/s (measured in this run); {}",
+            forge_kernels::lutmm::intdot::isa()
+        );
         println!(
             "{:<8} {:<8} {:>8} {:>11} {:>9} {:>8} {:>12} {:>9} {:>11}",
             "format", "layout", "MB", "GB/s T=1", "% of bw", "Gw/s", "scalar GB/s", "speedup", "GB/s T=8"

@@ -91,6 +91,28 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
+/// AVX-512 F, BW, VL and VBMI (byte permutes over 64-entry tables), as the vec2x64 kernels
+/// use them.
+#[inline]
+pub fn has_avx512_vbmi() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            has_avx2_fma()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vbmi")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Dot product of the common prefix of `a` and `b`.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -60,6 +60,28 @@ pub fn set_activation_planes(n: usize) {
     PLANES.store(n, std::sync::atomic::Ordering::Relaxed)
 }
 
+static VBMI: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether vec2x64 kernels may use AVX-512 VBMI lookups where the CPU has them (default), or
+/// keep to AVX2 (for tests and comparisons). Both give the same bits.
+pub fn set_vbmi(on: bool) {
+    VBMI.store(on, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The instruction sets the integer kernels run on here, for reports.
+pub fn isa() -> &'static str {
+    match (crate::simd::has_avx2_fma(), vbmi()) {
+        (true, true) => "AVX2, vec2x64 lookups AVX-512 VBMI",
+        (true, false) => "AVX2",
+        _ => "portable (no AVX2)",
+    }
+}
+
+/// VBMI lookups allowed and present.
+fn vbmi() -> bool {
+    VBMI.load(std::sync::atomic::Ordering::Relaxed) && crate::simd::has_avx512_vbmi()
+}
+
 /// Largest 16-bit activation magnitude.
 const XMAX: f32 = 32767.0;
 /// Largest second-plane code: `pmaddubsw` adds two products of a weight byte (≤ 255) and a
@@ -907,6 +929,9 @@ mod avx2 {
     const VEC16: u8 = 1;
     const VEC64: u8 = 2;
     const INT8: u8 = 3;
+    /// vec2x64 with AVX-512 VBMI: each 64-entry lookup is one `vpermi2b` (same layout, same
+    /// results as `VEC64`).
+    const VEC64V: u8 = 4;
     /// Chunks per activation block.
     const PER_BLOCK: usize = XBLOCK / CHUNK;
     /// How far ahead of the weight stream the decode kernels prefetch, bytes.
@@ -970,6 +995,15 @@ mod avx2 {
                 }
             };
         }
+        if kind == Kind::Vec2x64 && super::vbmi() {
+            // SAFETY: AVX-512 F/BW/VL/VBMI checked by `vbmi()`; `a` as for this function.
+            return match (a.t, a.planes) {
+                (1, 2) => decode_rows_vbmi::<2>(a),
+                (1, _) => decode_rows_vbmi::<1>(a),
+                (_, 2) => block_rows_vbmi::<2>(a),
+                _ => block_rows_vbmi::<1>(a),
+            };
+        }
         match kind {
             Kind::Lut4 => go!(LUT4),
             Kind::Vec2x16 => go!(VEC16),
@@ -978,9 +1012,21 @@ mod avx2 {
         }
     }
 
+    /// [`decode_rows`] for vec2x64 with VBMI lookups.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi")]
+    unsafe fn decode_rows_vbmi<const P: usize>(a: &Args) {
+        decode_rows_in::<VEC64V, P>(a)
+    }
+
+    /// [`block_rows`] for vec2x64 with VBMI lookups.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi")]
+    unsafe fn block_rows_vbmi<const P: usize>(a: &Args) {
+        block_rows_in::<VEC64V, P>(a)
+    }
+
     /// Output rows per index row.
     const fn nw(k: u8) -> usize {
-        if k == VEC16 || k == VEC64 {
+        if k == VEC16 || k == VEC64 || k == VEC64V {
             2
         } else {
             1
@@ -989,7 +1035,7 @@ mod avx2 {
 
     const fn chunk_bytes(k: u8) -> usize {
         match k {
-            VEC64 => 24,
+            VEC64 | VEC64V => 24,
             INT8 => 32,
             _ => 16,
         }
@@ -1009,7 +1055,7 @@ mod avx2 {
         let n = match k {
             LUT4 => 1,
             VEC16 => 2,
-            VEC64 => 8,
+            VEC64 | VEC64V => 8,
             _ => 0,
         };
         let flip = if unsigned { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
@@ -1056,6 +1102,17 @@ mod avx2 {
                 let b4 = _mm256_slli_epi16::<1>(b5);
                 let lo = nibbles(p, tb.m15);
                 [look64(&tb.t[..4], lo, b4, b5), look64(&tb.t[4..], lo, b4, b5)]
+            }
+            VEC64V => {
+                let hi = _mm256_set1_epi64x((p.add(16) as *const i64).read_unaligned());
+                // Bits 5 and 4 of each index to bits 7 and 6 of its byte, then down to 5 and 4
+                // (the 16-bit shift moves both bytes of a word alike), under the nibble.
+                let b54 = _mm256_srli_epi16::<2>(_mm256_sllv_epi64(hi, _mm256_setr_epi64x(0, 2, 4, 6)));
+                // (b54 & 0x30) | lo: `lo` has only its low four bits set.
+                let idx = _mm256_ternarylogic_epi32::<0xEC>(b54, nibbles(p, tb.m15), _mm256_set1_epi8(0x30));
+                // Entries 0–31 and 32–63 of each component's table (`vpermi2b` reads 6 bits).
+                let t = |i: usize| _mm256_permute2x128_si256::<0x20>(tb.t[i], tb.t[i + 1]);
+                [_mm256_permutex2var_epi8(t(0), idx, t(2)), _mm256_permutex2var_epi8(t(4), idx, t(6))]
             }
             _ => [_mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), tb.flip), zero],
         }
@@ -1311,6 +1368,11 @@ mod avx2 {
     /// together.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
+        decode_rows_in::<K, P>(a)
+    }
+
+    #[inline(always)]
+    unsafe fn decode_rows_in<const K: u8, const P: usize>(a: &Args) {
         let tb = tabs(K, a.tables, true);
         // One index row at a time. Several in flight would share the activation loads, but each
         // is its own stream of weight bytes and the hardware prefetchers fall behind: four lut4
@@ -1440,6 +1502,11 @@ mod avx2 {
     /// reading activations from L2.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn block_rows<const K: u8, const P: usize>(a: &Args) {
+        block_rows_in::<K, P>(a)
+    }
+
+    #[inline(always)]
+    unsafe fn block_rows_in<const K: u8, const P: usize>(a: &Args) {
         let tb = tabs(K, a.tables, true);
         let per_group = 4 / nw(K);
         let mut r = 0;

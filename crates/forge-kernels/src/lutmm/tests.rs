@@ -475,3 +475,36 @@ fn simd_activation_quantization_equals_scalar() {
         }
     }
 }
+
+#[test]
+fn vec2x64_vbmi_and_avx2_lookups_equal_the_scalar_reference() {
+    // The AVX-512 VBMI lookup (one `vpermi2b` per 64-entry table) and the AVX2 one (four
+    // `pshufb` and blends) read the same layout: both must give the scalar reference's bits,
+    // at decode (T = 1, one and two planes) and verify (T = 5) sizes, on ragged shapes with
+    // every index value. Where the CPU lacks VBMI both runs take the AVX2 path.
+    use intdot::{matmul_many, set_vbmi, QuantX};
+    let mut rng = Rng(11);
+    for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (130, 576)] {
+        let mut m = random_lut_int(Format::Vec2x64, cout, cin, &mut rng);
+        for (i, v) in m.idx.iter_mut().enumerate().take(64) {
+            *v = i as u8;
+        }
+        let p = PackedMatrix::from_lut(&m);
+        let d = p.as_dot().unwrap();
+        for (t, planes) in [(1, 2), (1, 1), (5, 2)] {
+            let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
+            let qx = QuantX::with_planes(&x, t, cin, planes);
+            let mut want = vec![0f32; t * cout];
+            matmul_many(false, &[d], &qx, &mut [&mut want]);
+            for vbmi in [false, true] {
+                set_vbmi(vbmi);
+                let mut y = vec![0f32; t * cout];
+                matmul_many(true, &[d], &qx, &mut [&mut y]);
+                set_vbmi(true);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y), bits(&want), "{cout}x{cin} t={t} planes={planes} vbmi={vbmi}");
+            }
+        }
+    }
+    eprintln!("VBMI on this CPU: {}", crate::simd::has_avx512_vbmi());
+}
