@@ -30,10 +30,10 @@ struct Cli {
     /// for its residual: faster, but logits move by up to ~5e-3 (both planes: within ~1e-4).
     #[arg(long, global = true)]
     act16: bool,
-    /// Keep the vec2x64 kernels to AVX2 lookups on CPUs with AVX-512 VBMI (same results; for
+    /// Keep the integer kernels to AVX2 on CPUs with AVX-512 VNNI and VBMI (same results; for
     /// speed comparisons).
     #[arg(long, global = true)]
-    no_vbmi: bool,
+    no_avx512: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -80,8 +80,8 @@ fn main() {
     if cli.act16 {
         forge_kernels::lutmm::intdot::set_activation_planes(1);
     }
-    if cli.no_vbmi {
-        forge_kernels::lutmm::intdot::set_vbmi(false);
+    if cli.no_avx512 {
+        forge_kernels::lutmm::intdot::set_avx512(false);
     }
     let r: Result<()> = match cli.cmd {
         Cmd::Demo(a) => cmd_demo::run(a),

@@ -91,10 +91,10 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
-/// AVX-512 F, BW, VL and VBMI (byte permutes over 64-entry tables), as the vec2x64 kernels
-/// use them.
+/// AVX-512 F, BW, VL, VBMI (byte permutes over 64-entry tables) and VNNI (multiply-accumulate
+/// of bytes and words), as the integer kernels' AVX-512 variants use them.
 #[inline]
-pub fn has_avx512_vbmi() -> bool {
+pub fn has_avx512_kernels() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
@@ -105,6 +105,7 @@ pub fn has_avx512_vbmi() -> bool {
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vbmi")
+                && is_x86_feature_detected!("avx512vnni")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -60,26 +60,27 @@ pub fn set_activation_planes(n: usize) {
     PLANES.store(n, std::sync::atomic::Ordering::Relaxed)
 }
 
-static VBMI: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static AVX512: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// Whether vec2x64 kernels may use AVX-512 VBMI lookups where the CPU has them (default), or
-/// keep to AVX2 (for tests and comparisons). Both give the same bits.
-pub fn set_vbmi(on: bool) {
-    VBMI.store(on, std::sync::atomic::Ordering::Relaxed)
+/// Whether the integer kernels may use their AVX-512 variants (VNNI multiply-accumulates,
+/// VBMI lookups) where the CPU has them (default), or keep to AVX2 (for tests and
+/// comparisons). Both give the same bits.
+pub fn set_avx512(on: bool) {
+    AVX512.store(on, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The instruction sets the integer kernels run on here, for reports.
 pub fn isa() -> &'static str {
-    match (crate::simd::has_avx2_fma(), vbmi()) {
-        (true, true) => "AVX2, vec2x64 lookups AVX-512 VBMI",
+    match (crate::simd::has_avx2_fma(), avx512()) {
+        (true, true) => "AVX-512 VNNI/VBMI (256-bit)",
         (true, false) => "AVX2",
         _ => "portable (no AVX2)",
     }
 }
 
-/// VBMI lookups allowed and present.
-fn vbmi() -> bool {
-    VBMI.load(std::sync::atomic::Ordering::Relaxed) && crate::simd::has_avx512_vbmi()
+/// AVX-512 variants allowed and the CPU has them.
+fn avx512() -> bool {
+    AVX512.load(std::sync::atomic::Ordering::Relaxed) && crate::simd::has_avx512_kernels()
 }
 
 /// Largest 16-bit activation magnitude.
@@ -929,9 +930,19 @@ mod avx2 {
     const VEC16: u8 = 1;
     const VEC64: u8 = 2;
     const INT8: u8 = 3;
-    /// vec2x64 with AVX-512 VBMI: each 64-entry lookup is one `vpermi2b` (same layout, same
-    /// results as `VEC64`).
-    const VEC64V: u8 = 4;
+    /// Added to a kind: its AVX-512 variant (same layout, same results). VNNI's `vpdpwssd` and
+    /// `vpdpbusd` multiply and accumulate in one instruction where AVX2 takes two or three, and
+    /// vec2x64's 64-entry lookups are one VBMI `vpermi2b` each.
+    const X512: u8 = 8;
+
+    /// The kind without the instruction-set bit.
+    const fn base(k: u8) -> u8 {
+        k & !X512
+    }
+    const LUT4X: u8 = LUT4 | X512;
+    const VEC16X: u8 = VEC16 | X512;
+    const VEC64X: u8 = VEC64 | X512;
+    const INT8X: u8 = INT8 | X512;
     /// Chunks per activation block.
     const PER_BLOCK: usize = XBLOCK / CHUNK;
     /// How far ahead of the weight stream the decode kernels prefetch, bytes.
@@ -995,13 +1006,25 @@ mod avx2 {
                 }
             };
         }
-        if kind == Kind::Vec2x64 && super::vbmi() {
-            // SAFETY: AVX-512 F/BW/VL/VBMI checked by `vbmi()`; `a` as for this function.
-            return match (a.t, a.planes) {
-                (1, 2) => decode_rows_vbmi::<2>(a),
-                (1, _) => decode_rows_vbmi::<1>(a),
-                (_, 2) => block_rows_vbmi::<2>(a),
-                _ => block_rows_vbmi::<1>(a),
+        if super::avx512() {
+            macro_rules! go512 {
+                ($k:expr) => {
+                    match (a.t, a.planes, nw($k) == 1) {
+                        (1, 2, _) => decode_rows_x512::<$k, 2>(a),
+                        (1, _, _) => decode_rows_x512::<$k, 1>(a),
+                        (_, 2, true) => pass_rows_x512::<$k, 2>(a),
+                        (_, _, true) => pass_rows_x512::<$k, 1>(a),
+                        (_, 2, false) => block_rows_x512::<$k, 2>(a),
+                        _ => block_rows_x512::<$k, 1>(a),
+                    }
+                };
+            }
+            // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
+            return match kind {
+                Kind::Lut4 => go512!(LUT4X),
+                Kind::Vec2x16 => go512!(VEC16X),
+                Kind::Vec2x64 => go512!(VEC64X),
+                Kind::Int8 => go512!(INT8X),
             };
         }
         match kind {
@@ -1012,21 +1035,27 @@ mod avx2 {
         }
     }
 
-    /// [`decode_rows`] for vec2x64 with VBMI lookups.
-    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi")]
-    unsafe fn decode_rows_vbmi<const P: usize>(a: &Args) {
-        decode_rows_in::<VEC64V, P>(a)
+    /// [`decode_rows`] on AVX-512 (`K` with `X512`).
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    unsafe fn decode_rows_x512<const K: u8, const P: usize>(a: &Args) {
+        decode_rows_in::<K, P>(a)
     }
 
-    /// [`block_rows`] for vec2x64 with VBMI lookups.
-    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi")]
-    unsafe fn block_rows_vbmi<const P: usize>(a: &Args) {
-        block_rows_in::<VEC64V, P>(a)
+    /// [`pass_rows`] on AVX-512.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    unsafe fn pass_rows_x512<const K: u8, const P: usize>(a: &Args) {
+        pass_rows_in::<K, P>(a)
+    }
+
+    /// [`block_rows`] on AVX-512.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    unsafe fn block_rows_x512<const K: u8, const P: usize>(a: &Args) {
+        block_rows_in::<K, P>(a)
     }
 
     /// Output rows per index row.
     const fn nw(k: u8) -> usize {
-        if k == VEC16 || k == VEC64 || k == VEC64V {
+        if base(k) == VEC16 || base(k) == VEC64 {
             2
         } else {
             1
@@ -1034,8 +1063,8 @@ mod avx2 {
     }
 
     const fn chunk_bytes(k: u8) -> usize {
-        match k {
-            VEC64 | VEC64V => 24,
+        match base(k) {
+            VEC64 => 24,
             INT8 => 32,
             _ => 16,
         }
@@ -1052,10 +1081,10 @@ mod avx2 {
     /// Tables as signed weights (`unsigned` false) or as `w + 128` (`w ^ 0x80`).
     #[inline(always)]
     unsafe fn tabs(k: u8, tables: *const i8, unsigned: bool) -> Tabs {
-        let n = match k {
+        let n = match base(k) {
             LUT4 => 1,
             VEC16 => 2,
-            VEC64 | VEC64V => 8,
+            VEC64 => 8,
             _ => 0,
         };
         let flip = if unsigned { _mm256_set1_epi8(-128) } else { _mm256_setzero_si256() };
@@ -1090,8 +1119,8 @@ mod avx2 {
     unsafe fn weights<const K: u8>(p: *const u8, tb: &Tabs) -> [__m256i; 2] {
         let zero = _mm256_setzero_si256();
         match K {
-            LUT4 => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],
-            VEC16 => {
+            LUT4 | LUT4X => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],
+            VEC16 | VEC16X => {
                 let i = nibbles(p, tb.m15);
                 [_mm256_shuffle_epi8(tb.t[0], i), _mm256_shuffle_epi8(tb.t[1], i)]
             }
@@ -1103,7 +1132,7 @@ mod avx2 {
                 let lo = nibbles(p, tb.m15);
                 [look64(&tb.t[..4], lo, b4, b5), look64(&tb.t[4..], lo, b4, b5)]
             }
-            VEC64V => {
+            VEC64X => {
                 let hi = _mm256_set1_epi64x((p.add(16) as *const i64).read_unaligned());
                 // Bits 5 and 4 of each index to bits 7 and 6 of its byte, then down to 5 and 4
                 // (the 16-bit shift moves both bytes of a word alike), under the nibble.
@@ -1299,14 +1328,27 @@ mod avx2 {
     /// four columns per lane (`lane2`): `pmaddubsw` (exact: see `XMAX2`), then `pmaddwd` by
     /// ones.
     #[inline(always)]
-    unsafe fn mac2(acc: __m256i, w: __m256i, x: *const __m256i) -> __m256i {
+    unsafe fn mac2<const K: u8>(acc: __m256i, w: __m256i, x: *const __m256i) -> __m256i {
+        if K & X512 != 0 {
+            // The same four products per lane, summed exactly (no 16-bit step at all). Into
+            // zero, not `acc`: the accumulator's chain stays one 1-cycle add per chunk instead
+            // of the multiply-add's latency (which halved lut4's speed when it carried `acc`).
+            let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256(x));
+            return _mm256_add_epi32(acc, p);
+        }
         let pairs = _mm256_maddubs_epi16(w, _mm256_loadu_si256(x));
         _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
 
     /// `acc + madd(lo, x[0]) + madd(hi, x[1])`.
     #[inline(always)]
-    unsafe fn mac(acc: __m256i, lo: __m256i, hi: __m256i, x: *const __m256i) -> __m256i {
+    unsafe fn mac<const K: u8>(acc: __m256i, lo: __m256i, hi: __m256i, x: *const __m256i) -> __m256i {
+        if K & X512 != 0 {
+            // The same pairs as `pmaddwd`, added without saturation: the same lane sums. The
+            // second product accumulates onto the first, and only the last add touches `acc`.
+            let p0 = _mm256_madd_epi16(lo, _mm256_loadu_si256(x));
+            return _mm256_add_epi32(acc, _mm256_dpwssd_epi32(p0, hi, _mm256_loadu_si256(x.add(1))));
+        }
         let p0 = _mm256_madd_epi16(lo, _mm256_loadu_si256(x));
         let p1 = _mm256_madd_epi16(hi, _mm256_loadu_si256(x.add(1)));
         _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1))
@@ -1466,10 +1508,10 @@ mod avx2 {
                 let (lo, hi) = widen(wv);
                 for (t, at) in acc.iter_mut().enumerate() {
                     let x = a.xq.add((t0 + t) * 2 * a.cin_pad + (c0 + i) * 2 * CHUNK) as *const __m256i;
-                    at[v][0] = mac(at[v][0], lo, hi, x);
+                    at[v][0] = mac::<K>(at[v][0], lo, hi, x);
                     if P == 2 {
                         let x2 = a.xq2.add((t0 + t) * a.cin_pad + (c0 + i) * CHUNK) as *const __m256i;
-                        at[v][1] = mac2(at[v][1], wv, x2);
+                        at[v][1] = mac2::<K>(at[v][1], wv, x2);
                     }
                 }
             }
@@ -1481,6 +1523,11 @@ mod avx2 {
     /// to a buffer first, as `block_rows` does, costs INT8 and lut4 more than it saves.)
     #[target_feature(enable = "avx2,fma")]
     unsafe fn pass_rows<const K: u8, const P: usize>(a: &Args) {
+        pass_rows_in::<K, P>(a)
+    }
+
+    #[inline(always)]
+    unsafe fn pass_rows_in<const K: u8, const P: usize>(a: &Args) {
         let tb = tabs(K, a.tables, true);
         for r in 0..a.n_rows {
             let mut t0 = 0;
@@ -1558,9 +1605,9 @@ mod avx2 {
                     let x = xt.add(4 * c);
                     for (o, ao) in acc.iter_mut().enumerate() {
                         let w = wbuf.as_ptr().add((o * PER_BLOCK + c) * 3);
-                        ao[0] = mac(ao[0], *w, *w.add(1), x);
+                        ao[0] = mac::<K>(ao[0], *w, *w.add(1), x);
                         if P == 2 {
-                            ao[1] = mac2(ao[1], *w.add(2), x2t.add(c));
+                            ao[1] = mac2::<K>(ao[1], *w.add(2), x2t.add(c));
                         }
                     }
                 }

@@ -477,34 +477,42 @@ fn simd_activation_quantization_equals_scalar() {
 }
 
 #[test]
-fn vec2x64_vbmi_and_avx2_lookups_equal_the_scalar_reference() {
-    // The AVX-512 VBMI lookup (one `vpermi2b` per 64-entry table) and the AVX2 one (four
-    // `pshufb` and blends) read the same layout: both must give the scalar reference's bits,
-    // at decode (T = 1, one and two planes) and verify (T = 5) sizes, on ragged shapes with
-    // every index value. Where the CPU lacks VBMI both runs take the AVX2 path.
-    use intdot::{matmul_many, set_vbmi, QuantX};
+fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
+    // The AVX-512 variants (VNNI multiply-accumulates; for vec2x64 one `vpermi2b` per 64-entry
+    // table) and the AVX2 kernels read the same layout: both must give the scalar reference's
+    // bits for every format, at decode (T = 1, one and two planes) and verify (T = 3 and 5)
+    // sizes, on ragged shapes with every index value. Where the CPU lacks the AVX-512 subsets
+    // both runs take the AVX2 path.
+    use intdot::{matmul_many, set_avx512, QuantX};
     let mut rng = Rng(11);
-    for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (130, 576)] {
-        let mut m = random_lut_int(Format::Vec2x64, cout, cin, &mut rng);
-        for (i, v) in m.idx.iter_mut().enumerate().take(64) {
-            *v = i as u8;
-        }
-        let p = PackedMatrix::from_lut(&m);
-        let d = p.as_dot().unwrap();
-        for (t, planes) in [(1, 2), (1, 1), (5, 2)] {
-            let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
-            let qx = QuantX::with_planes(&x, t, cin, planes);
-            let mut want = vec![0f32; t * cout];
-            matmul_many(false, &[d], &qx, &mut [&mut want]);
-            for vbmi in [false, true] {
-                set_vbmi(vbmi);
-                let mut y = vec![0f32; t * cout];
-                matmul_many(true, &[d], &qx, &mut [&mut y]);
-                set_vbmi(true);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&y), bits(&want), "{cout}x{cin} t={t} planes={planes} vbmi={vbmi}");
+    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (130, 576)] {
+            let p = if format == Format::Int8 {
+                PackedMatrix::from_int8(&random_int8(cout, cin, &mut rng))
+            } else {
+                let mut m = random_lut_int(format, cout, cin, &mut rng);
+                let k = format.entries();
+                for (i, v) in m.idx.iter_mut().enumerate().take(k) {
+                    *v = i as u8;
+                }
+                PackedMatrix::from_lut(&m)
+            };
+            let d = p.as_dot().unwrap();
+            for (t, planes) in [(1, 2), (1, 1), (3, 2), (5, 2), (5, 1)] {
+                let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
+                let qx = QuantX::with_planes(&x, t, cin, planes);
+                let mut want = vec![0f32; t * cout];
+                matmul_many(false, &[d], &qx, &mut [&mut want]);
+                for avx512 in [false, true] {
+                    set_avx512(avx512);
+                    let mut y = vec![0f32; t * cout];
+                    matmul_many(true, &[d], &qx, &mut [&mut y]);
+                    set_avx512(true);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&y), bits(&want), "{format:?} {cout}x{cin} t={t} planes={planes} avx512={avx512}");
+                }
             }
         }
     }
-    eprintln!("VBMI on this CPU: {}", crate::simd::has_avx512_vbmi());
+    eprintln!("AVX-512 kernels on this CPU: {}", crate::simd::has_avx512_kernels());
 }
