@@ -2,7 +2,7 @@
 # Interleaved speed comparison (this machine's speed drifts within minutes, so the headline
 # ratios come from runs made back to back): ROUNDS rounds of llama-bench on each GGUF, then
 # `forge bench` on each export, prefill / decode tok/s per line.
-#   LLAMA_BENCH=path/llama-bench GGUFS="a.gguf b.gguf" EXPORTS="runs/sp-lut4 runs/sp-vec2x64 runs/sp-vec2x64:--no-vbmi" \
+#   LLAMA_BENCH=path/llama-bench GGUFS="a.gguf b.gguf" EXPORTS="runs/sp-lut4 runs/sp-vec2x64 runs/sp-vec2x64:--no-avx512" \
 #     [THREADS=2] [ROUNDS=3] bash tools/interleaved_smollm2.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ tg = [r['avg_ts'] for r in d if r['n_gen'] > 0][0]
 print('llama.cpp', sys.argv[1], round(pp, 1), round(tg, 1))" "$(basename "$g" .gguf)"
   done
   for e in ${EXPORTS:?set EXPORTS}; do
-    # An entry may carry one global flag after a colon: runs/sp-vec2x64:--no-vbmi
+    # An entry may carry one global flag after a colon: runs/sp-vec2x64:--no-avx512
     m=${e%%:*}; flag=""; [ "$m" != "$e" ] && flag=${e#*:}
     $forge --threads "$th" $flag bench --model "$m" --prompt-tokens 64 --gen-tokens 64 --repeats 3 --json 2>/dev/null |
       python3 -c "
