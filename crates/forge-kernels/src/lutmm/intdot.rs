@@ -83,6 +83,15 @@ fn avx512() -> bool {
     AVX512.load(std::sync::atomic::Ordering::Relaxed) && crate::simd::has_avx512_kernels()
 }
 
+/// Prefill's f32 tiles may run 16 wide: AVX-512 variants allowed and the CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+fn avx512_f32() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    AVX512.load(std::sync::atomic::Ordering::Relaxed)
+        && *HAS.get_or_init(|| crate::simd::has_avx2_fma() && is_x86_feature_detected!("avx512f"))
+}
+
 /// Largest 16-bit activation magnitude.
 const XMAX: f32 = 32767.0;
 /// Largest second-plane code: `pmaddubsw` adds two products of a weight byte (≤ 255) and a
@@ -508,6 +517,11 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
 #[allow(clippy::too_many_arguments)]
 unsafe fn dot_rows(simd: bool, x: &[f32], t: usize, cin: usize, w: &[f32], n: usize, out: *mut f32, stride: usize) {
     assert!(x.len() >= t * cin && w.len() >= n * cin);
+    #[cfg(target_arch = "x86_64")]
+    if simd && avx512_f32() {
+        // SAFETY: AVX-512 F present; the sizes are asserted above, `out` is the caller's.
+        return avx512::dot_rows(x.as_ptr(), t, cin, w.as_ptr(), n, out, stride);
+    }
     #[cfg(target_arch = "x86_64")]
     if simd && crate::simd::has_avx2_fma() {
         // SAFETY: AVX2/FMA present; the sizes are asserted above, `out` is the caller's.
@@ -1317,7 +1331,7 @@ mod avx2 {
 
     /// Eight rows' lanes summed at once, each in `reduce_lanes` order: row `i` in lane `i`.
     #[inline(always)]
-    unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
+    pub(super) unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
         let g0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
         let g1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
         // g0 = [r0..r3 of lanes 0–3 | r0..r3 of lanes 4–7], g1 likewise for rows 4–7.
@@ -1623,6 +1637,119 @@ mod avx2 {
         for (t, lt) in lanes.iter().enumerate().take(a.t) {
             for (o, &l) in lt.iter().enumerate() {
                 *a.out.add(t * a.out_t_stride + o0 + o) = reduce(l) * *a.scale.add(o0 + o);
+            }
+        }
+    }
+}
+
+/// Prefill's f32 tiles sixteen inputs wide (the AVX2 tiles of `avx2::dot_rows` at twice the
+/// width, four activation rows by four weight rows): a float path, equal to the reference
+/// within rounding, not bit for bit.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// As `super::dot_rows`.
+    ///
+    /// # Safety
+    /// AVX-512 F and AVX2/FMA present; `x` holds `t·cin`, `w` `n·cin` values, `out` `t` rows
+    /// `stride` apart of at least `n` values.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn dot_rows(
+        x: *const f32,
+        t: usize,
+        cin: usize,
+        w: *const f32,
+        n: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        macro_rules! tile {
+            ($r:literal, $xi:expr, $wj:expr, $c:expr, $oij:expr) => {
+                match $c {
+                    4 => store::<$r, 4>(dot_tile::<$r, 4>($xi, cin, $wj), $oij, stride),
+                    3 => store::<$r, 3>(dot_tile::<$r, 3>($xi, cin, $wj), $oij, stride),
+                    2 => store::<$r, 2>(dot_tile::<$r, 2>($xi, cin, $wj), $oij, stride),
+                    _ => store::<$r, 1>(dot_tile::<$r, 1>($xi, cin, $wj), $oij, stride),
+                }
+            };
+        }
+        let mut i = 0;
+        while i < t {
+            let (xi, oi) = (x.add(i * cin), out.add(i * stride));
+            let mut j = 0;
+            while j < n {
+                let (wj, oij, c) = (w.add(j * cin), oi.add(j), (n - j).min(4));
+                match t - i {
+                    1 => tile!(1, xi, wj, c, oij),
+                    2 => tile!(2, xi, wj, c, oij),
+                    3 => tile!(3, xi, wj, c, oij),
+                    _ => tile!(4, xi, wj, c, oij),
+                }
+                j += 4;
+            }
+            i += 4;
+        }
+    }
+
+    /// Lane sums of `R × C` dot products over `cin` inputs (rows `cin` apart).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // indexing keeps the accumulators in registers
+    unsafe fn dot_tile<const R: usize, const C: usize>(x: *const f32, cin: usize, w: *const f32) -> [[__m512; C]; R] {
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let mut k = 0;
+        while k + 16 <= cin {
+            let xv: [__m512; R] = std::array::from_fn(|r| _mm512_loadu_ps(x.add(r * cin + k)));
+            for c in 0..C {
+                let wv = _mm512_loadu_ps(w.add(c * cin + k));
+                for r in 0..R {
+                    acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+                }
+            }
+            k += 16;
+        }
+        if k < cin {
+            let m: __mmask16 = (1u32 << (cin - k)) as u16 - 1;
+            let xv: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(m, x.add(r * cin + k)));
+            for c in 0..C {
+                let wv = _mm512_maskz_loadu_ps(m, w.add(c * cin + k));
+                for r in 0..R {
+                    acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+                }
+            }
+        }
+        acc
+    }
+
+    /// Each sum's two halves added, then eight at a time through the AVX2 reduction tree.
+    #[inline(always)]
+    unsafe fn store<const R: usize, const C: usize>(s: [[__m512; C]; R], out: *mut f32, stride: usize) {
+        let mut v = [_mm256_setzero_ps(); 16];
+        for r in 0..R {
+            for c in 0..C {
+                let z = s[r][c];
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(z)));
+                v[r * 4 + c] = _mm256_add_ps(_mm512_castps512_ps256(z), hi);
+            }
+        }
+        for h in 0..R.div_ceil(2) {
+            let g = super::avx2::reduce8(&[
+                v[8 * h],
+                v[8 * h + 1],
+                v[8 * h + 2],
+                v[8 * h + 3],
+                v[8 * h + 4],
+                v[8 * h + 5],
+                v[8 * h + 6],
+                v[8 * h + 7],
+            ]);
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), g);
+            for (q, &val) in lanes.iter().enumerate() {
+                let (r, c) = (2 * h + q / 4, q % 4);
+                if r < R && c < C {
+                    *out.add(r * stride + c) = val;
+                }
             }
         }
     }

@@ -516,3 +516,28 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
     }
     eprintln!("AVX-512 kernels on this CPU: {}", crate::simd::has_avx512_kernels());
 }
+
+#[test]
+fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
+    // Prefill (T ≥ GEMM_MIN_T) decodes weights to f32 and runs FMA tiles, 16 wide where the
+    // CPU has AVX-512 F and 8 wide on AVX2: both within f32 rounding of dequantize-then-matmul
+    // on ragged shapes (tails of the 16- and 8-wide steps, partial tiles of rows and columns).
+    use intdot::{gemm_many, set_avx512, GEMM_MIN_T};
+    let mut rng = Rng(13);
+    for &(cout, cin) in &[(2, 1), (14, 5), (30, 37), (130, 70), (262, 129), (64, 2048 + 40)] {
+        let m = random_lut_int(Format::Lut4, cout, cin, &mut rng);
+        let w = m.reconstruct();
+        let d = intdot::DotMatrix::from_lut(&m).unwrap();
+        for t in [GEMM_MIN_T, GEMM_MIN_T + 1, 2 * GEMM_MIN_T + 3] {
+            let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
+            let r = matmul_ref(&x, t, &w, cout, cin);
+            for avx512 in [false, true] {
+                set_avx512(avx512);
+                let mut y = vec![f32::NAN; t * cout];
+                gemm_many(true, &[&d], &x, t, &mut [&mut y]);
+                set_avx512(true);
+                check(&format!("{cout}x{cin} t={t} avx512={avx512}"), &y, &r, &x, &w, t, cout, cin);
+            }
+        }
+    }
+}
