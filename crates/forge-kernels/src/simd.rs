@@ -91,6 +91,21 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
+/// AVX-512 F with AVX2/FMA (prefill's 16-wide f32 tiles).
+#[inline]
+pub fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| has_avx2_fma() && is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// AVX-512 F, BW, VL, VBMI (byte permutes over 64-entry tables) and VNNI (multiply-accumulate
 /// of bytes and words), as the integer kernels' AVX-512 variants use them.
 #[inline]
@@ -100,8 +115,7 @@ pub fn has_avx512_kernels() -> bool {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
         *HAS.get_or_init(|| {
-            has_avx2_fma()
-                && is_x86_feature_detected!("avx512f")
+            has_avx512f()
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vbmi")

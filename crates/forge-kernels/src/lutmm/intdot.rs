@@ -86,10 +86,7 @@ fn avx512() -> bool {
 /// Prefill's f32 tiles may run 16 wide: AVX-512 variants allowed and the CPU has AVX-512 F.
 #[cfg(target_arch = "x86_64")]
 fn avx512_f32() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    AVX512.load(std::sync::atomic::Ordering::Relaxed)
-        && *HAS.get_or_init(|| crate::simd::has_avx2_fma() && is_x86_feature_detected!("avx512f"))
+    AVX512.load(std::sync::atomic::Ordering::Relaxed) && crate::simd::has_avx512f()
 }
 
 /// Largest 16-bit activation magnitude.
@@ -189,8 +186,7 @@ pub struct QuantX {
     /// Input width rounded up to a whole chunk.
     pub cin_pad: usize,
     pub nblocks: usize,
-    /// `t × 2·cin_pad`: per chunk, the 32 `q₁` in [`xpos`] order, zero past the input width,
-    /// then 32 unused zeros.
+    /// `t × cin_pad`: per chunk, the 32 `q₁` in [`xpos`] order, zero past the input width.
     pub q: Vec<i16>,
     /// `t × cin_pad`: the second plane's codes `q₂` in `[-63, 63]`, in column order (what
     /// `pmaddubsw` multiplies with the unsigned weight bytes directly).
@@ -311,7 +307,7 @@ impl QuantX {
 
     /// Bytes of the buffers behind this value.
     fn capacity_bytes(&self) -> usize {
-        2 * self.q.capacity() + 4 * (self.scale.capacity() + self.corr.capacity())
+        2 * self.q.capacity() + self.q2.capacity() + 4 * (self.scale.capacity() + self.corr.capacity())
     }
 
     /// Quantize into this value's buffers (no allocation once they are large enough).
@@ -334,7 +330,7 @@ impl QuantX {
         let nblocks = cin_pad.div_ceil(XBLOCK);
         let (q, q2, scale, corr) = (&mut self.q, &mut self.q2, &mut self.scale, &mut self.corr);
         q.clear();
-        q.resize(t * 2 * cin_pad, 0);
+        q.resize(t * cin_pad, 0);
         q2.clear();
         q2.resize(t * cin_pad, 0);
         scale.clear();
@@ -358,7 +354,7 @@ impl QuantX {
         };
         for r in 0..t {
             let xr = &x[r * cin..(r + 1) * cin];
-            let qr = &mut q[r * 2 * cin_pad..(r + 1) * 2 * cin_pad];
+            let qr = &mut q[r * cin_pad..(r + 1) * cin_pad];
             for b in 0..nblocks {
                 let (j0, j1) = (b * XBLOCK, ((b + 1) * XBLOCK).min(cin));
                 if j0 >= j1 {
@@ -375,7 +371,7 @@ impl QuantX {
                 let (s1, inv1) = (m / XMAX, XMAX / m);
                 // Blocks start on chunk boundaries (XBLOCK is a multiple of CHUNK).
                 for (c, xc) in xb.chunks(CHUNK).enumerate() {
-                    let out = &mut qr[(j0 / CHUNK + c) * 2 * CHUNK..][..CHUNK];
+                    let out = &mut qr[(j0 / CHUNK + c) * CHUNK..][..CHUNK];
                     chunk(xc, inv1, s1, out, &mut resid[c * CHUNK..(c + 1) * CHUNK]);
                 }
                 sc[0] = s1;
@@ -397,9 +393,9 @@ impl QuantX {
         corr.clear();
         corr.resize(t * nblocks * 2 * LANES, 0);
         for (r, cr) in corr.chunks_mut(nblocks * 2 * LANES).enumerate() {
-            let qr = &q[r * 2 * cin_pad..(r + 1) * 2 * cin_pad];
+            let qr = &q[r * cin_pad..(r + 1) * cin_pad];
             let q2r = &q2[r * cin_pad..(r + 1) * cin_pad];
-            for (c, (qc, q2c)) in qr.chunks(2 * CHUNK).zip(q2r.chunks(CHUNK)).enumerate() {
+            for (c, (qc, q2c)) in qr.chunks(CHUNK).zip(q2r.chunks(CHUNK)).enumerate() {
                 let b = c * CHUNK / XBLOCK;
                 let cl = &mut cr[b * 2 * LANES..][..LANES];
                 // Lane l holds positions 2l, 2l + 1, 16 + 2l and 17 + 2l (see `lane`).
@@ -825,8 +821,8 @@ impl DotMatrix {
                     out_t_stride: self.cout,
                 };
                 // SAFETY: AVX2 was detected by the caller; the index rows g0..g0+n lie in
-                // `data` (plus the 8 bytes of slack the vec2x64 load may touch), `xq` holds
-                // `t · 2 · cin_pad` values, `xs` `t · 2 · nblocks`, the tables what the kind
+                // `data` (plus the 8 bytes of slack the vec2x64 load may touch), `xq` and `xq2`
+                // hold `t · cin_pad` values, `xs` `t · 2 · nblocks`, the tables what the kind
                 // reads, and `out` the rows g0·nr.. of `t` output rows (caller).
                 avx2::rows(self.kind, &a);
                 return;
@@ -897,7 +893,7 @@ impl DotMatrix {
             for c in b * XBLOCK / CHUNK..((b + 1) * XBLOCK / CHUNK).min(nchunks) {
                 let w = self.chunk_weights(row, c);
                 for (t, a) in acc.iter_mut().enumerate().take(tc) {
-                    let x = &qx.q[(t0 + t) * 2 * self.cin_pad + c * 2 * CHUNK..][..CHUNK];
+                    let x = &qx.q[(t0 + t) * self.cin_pad + c * CHUNK..][..CHUNK];
                     let x2 = &qx.q2[(t0 + t) * self.cin_pad + c * CHUNK..][..CHUNK];
                     for (v, [a1, a2]) in a.iter_mut().enumerate().take(nr) {
                         for (k, &xk) in x.iter().enumerate() {
@@ -997,7 +993,7 @@ mod avx2 {
             for t0 in (0..a.t).step_by(MAX_T) {
                 let part = Args {
                     t: MAX_T.min(a.t - t0),
-                    xq: a.xq.add(t0 * 2 * a.cin_pad),
+                    xq: a.xq.add(t0 * a.cin_pad),
                     xq2: a.xq2.add(t0 * a.cin_pad),
                     xs: a.xs.add(t0 * a.nblocks * 2),
                     corr: a.corr.add(t0 * a.nblocks * 2 * LANES),
@@ -1521,7 +1517,7 @@ mod avx2 {
             for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                 let (lo, hi) = widen(wv);
                 for (t, at) in acc.iter_mut().enumerate() {
-                    let x = a.xq.add((t0 + t) * 2 * a.cin_pad + (c0 + i) * 2 * CHUNK) as *const __m256i;
+                    let x = a.xq.add((t0 + t) * a.cin_pad + (c0 + i) * CHUNK) as *const __m256i;
                     at[v][0] = mac::<K>(at[v][0], lo, hi, x);
                     if P == 2 {
                         let x2 = a.xq2.add((t0 + t) * a.cin_pad + (c0 + i) * CHUNK) as *const __m256i;
@@ -1613,10 +1609,10 @@ mod avx2 {
             }
             for (t, lt) in lanes.iter_mut().enumerate().take(a.t) {
                 let mut acc = [[zero; 2]; NO];
-                let xt = a.xq.add(t * 2 * a.cin_pad + c0 * 2 * CHUNK) as *const __m256i;
+                let xt = a.xq.add(t * a.cin_pad + c0 * CHUNK) as *const __m256i;
                 let x2t = a.xq2.add(t * a.cin_pad + c0 * CHUNK) as *const __m256i;
                 for c in 0..nc {
-                    let x = xt.add(4 * c);
+                    let x = xt.add(2 * c);
                     for (o, ao) in acc.iter_mut().enumerate() {
                         let w = wbuf.as_ptr().add((o * PER_BLOCK + c) * 3);
                         ao[0] = mac::<K>(ao[0], *w, *w.add(1), x);

@@ -277,7 +277,7 @@ fn second_plane_sums_are_exact_at_the_extremes() {
                 planes: 2,
                 cin_pad,
                 nblocks,
-                q: vec![0; 2 * cin_pad],
+                q: vec![0; cin_pad],
                 q2: (0..cin_pad).map(|j| if j < cin { code } else { 0 }).collect(),
                 scale: (0..nblocks).flat_map(|_| [0.0, 1.0]).collect(),
                 corr,
