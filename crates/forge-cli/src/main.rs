@@ -34,6 +34,10 @@ struct Cli {
     /// speed comparisons).
     #[arg(long, global = true)]
     no_avx512: bool,
+    /// Keep the AVX-512 integer kernels to 256-bit vectors (decode otherwise runs 512 bits
+    /// wide; same results; for speed comparisons, or CPUs that slow down on 512-bit work).
+    #[arg(long = "avx512-256", global = true)]
+    avx512_256: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -82,6 +86,9 @@ fn main() {
     }
     if cli.no_avx512 {
         forge_kernels::lutmm::intdot::set_avx512(false);
+    }
+    if cli.avx512_256 {
+        forge_kernels::lutmm::intdot::set_wide(false);
     }
     let r: Result<()> = match cli.cmd {
         Cmd::Demo(a) => cmd_demo::run(a),

@@ -69,13 +69,28 @@ pub fn set_avx512(on: bool) {
     AVX512.store(on, std::sync::atomic::Ordering::Relaxed)
 }
 
+static WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether decode (one activation row) may run the AVX-512 kernels on 512-bit vectors (default)
+/// or keep them to 256-bit vectors (for comparisons, or CPUs that slow their clock for 512-bit
+/// work). Both give the same bits.
+pub fn set_wide(on: bool) {
+    WIDE.store(on, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The instruction sets the integer kernels run on here, for reports.
 pub fn isa() -> &'static str {
-    match (crate::simd::has_avx2_fma(), avx512()) {
-        (true, true) => "AVX-512 VNNI/VBMI (256-bit)",
-        (true, false) => "AVX2",
+    match (crate::simd::has_avx2_fma(), avx512(), wide()) {
+        (true, true, true) => "AVX-512 VNNI/VBMI (512-bit decode)",
+        (true, true, false) => "AVX-512 VNNI/VBMI (256-bit)",
+        (true, false, _) => "AVX2",
         _ => "portable (no AVX2)",
     }
+}
+
+/// Decode rows go through the 512-bit kernels (and their paired activation layout).
+fn wide() -> bool {
+    avx512() && WIDE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// AVX-512 variants allowed and the CPU has them.
@@ -193,6 +208,11 @@ pub struct QuantX {
     pub q2: Vec<i8>,
     /// `t × nblocks × 2`: `(s₁, s₂)` per block.
     pub scale: Vec<f32>,
+    /// One row (`t = 1`) in the layout of the 512-bit decode kernels: each whole pair of chunks
+    /// `A, B` (64 columns) holds `q₁` as eight-value pieces `[A₀ B₀ A₁ B₁ A₂ B₂ A₃ B₃]` of the
+    /// plain layout and `q₂` as `[A 0–15, B 0–15, A 16–31, B 16–31]`; a last unpaired chunk
+    /// stays plain. Read through [`QuantX::chunk`], which undoes it.
+    pub paired: bool,
     /// `t × nblocks × 2 × LANES`: per block and plane, `128 · Σ q` over the columns of each
     /// accumulator lane ([`lane`] for `q₁`, [`lane2`] for `q₂`). The SIMD kernels multiply unsigned weights `w + 128` (a zero-extend
     /// instead of a sign-extend) and subtract this to recover `Σ w · q` exactly.
@@ -411,6 +431,51 @@ impl QuantX {
             }
         }
         (self.t, self.planes, self.cin_pad, self.nblocks) = (t, planes, cin_pad, nblocks);
+        self.paired = false;
+        if simd && t == 1 && wide() {
+            self.pair();
+        }
+    }
+
+    /// One plain row into the pair layout of the 512-bit decode (see `paired`), which the
+    /// kernels then take; only where the CPU has the AVX-512 subsets.
+    pub(crate) fn pair(&mut self) {
+        assert!(self.t == 1 && !self.paired, "one plain row to pair");
+        assert!(crate::simd::has_avx512_kernels(), "the pair layout needs the AVX-512 kernels");
+        self.paired = true;
+        {
+            for (qp, q2p) in self.q.chunks_exact_mut(2 * CHUNK).zip(self.q2.chunks_exact_mut(2 * CHUNK)) {
+                let (a, b) = (<[i16; 64]>::try_from(&*qp).expect("64"), <[i8; 64]>::try_from(&*q2p).expect("64"));
+                for s in 0..4 {
+                    qp[16 * s..16 * s + 8].copy_from_slice(&a[8 * s..8 * s + 8]);
+                    qp[16 * s + 8..16 * s + 16].copy_from_slice(&a[32 + 8 * s..32 + 8 * s + 8]);
+                }
+                for h in 0..2 {
+                    q2p[32 * h..32 * h + 16].copy_from_slice(&b[16 * h..16 * h + 16]);
+                    q2p[32 * h + 16..32 * h + 32].copy_from_slice(&b[32 + 16 * h..32 + 16 * h + 16]);
+                }
+            }
+        }
+    }
+
+    /// Chunk `c` of activation row `t` in the plain layout: `q₁` in [`xpos`] order and `q₂` in
+    /// column order, whatever the stored layout.
+    pub fn chunk(&self, t: usize, c: usize) -> ([i16; CHUNK], [i8; CHUNK]) {
+        let base = t * self.cin_pad;
+        let (mut q1, mut q2) = ([0i16; CHUNK], [0i8; CHUNK]);
+        if self.paired && (c | 1) < self.cin_pad / CHUNK {
+            let (p0, e) = (base + (c & !1) * CHUNK, c & 1);
+            for s in 0..4 {
+                q1[8 * s..8 * s + 8].copy_from_slice(&self.q[p0 + 16 * s + 8 * e..][..8]);
+            }
+            for h in 0..2 {
+                q2[16 * h..16 * h + 16].copy_from_slice(&self.q2[p0 + 32 * h + 16 * e..][..16]);
+            }
+        } else {
+            q1.copy_from_slice(&self.q[base + c * CHUNK..][..CHUNK]);
+            q2.copy_from_slice(&self.q2[base + c * CHUNK..][..CHUNK]);
+        }
+        (q1, q2)
     }
 }
 
@@ -819,6 +884,7 @@ impl DotMatrix {
                     scale: self.scale[g0 * nr..].as_ptr(),
                     out: y.0.add(g0 * nr),
                     out_t_stride: self.cout,
+                    paired: qx.paired,
                 };
                 // SAFETY: AVX2 was detected by the caller; the index rows g0..g0+n lie in
                 // `data` (plus the 8 bytes of slack the vec2x64 load may touch), `xq` and `xq2`
@@ -893,8 +959,7 @@ impl DotMatrix {
             for c in b * XBLOCK / CHUNK..((b + 1) * XBLOCK / CHUNK).min(nchunks) {
                 let w = self.chunk_weights(row, c);
                 for (t, a) in acc.iter_mut().enumerate().take(tc) {
-                    let x = &qx.q[(t0 + t) * self.cin_pad + c * CHUNK..][..CHUNK];
-                    let x2 = &qx.q2[(t0 + t) * self.cin_pad + c * CHUNK..][..CHUNK];
+                    let (x, x2) = qx.chunk(t0 + t, c);
                     for (v, [a1, a2]) in a.iter_mut().enumerate().take(nr) {
                         for (k, &xk) in x.iter().enumerate() {
                             // Position k holds column xpos(k) (xpos is its own inverse).
@@ -924,6 +989,9 @@ impl DotMatrix {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod zmm;
+
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! Decode (one activation row) and the one-output kinds at a few rows look weights up and
     //! multiply them in registers; the vector formats at a few rows first expand a block of
@@ -949,14 +1017,14 @@ mod avx2 {
     const fn base(k: u8) -> u8 {
         k & !X512
     }
-    const LUT4X: u8 = LUT4 | X512;
-    const VEC16X: u8 = VEC16 | X512;
-    const VEC64X: u8 = VEC64 | X512;
-    const INT8X: u8 = INT8 | X512;
+    pub(super) const LUT4X: u8 = LUT4 | X512;
+    pub(super) const VEC16X: u8 = VEC16 | X512;
+    pub(super) const VEC64X: u8 = VEC64 | X512;
+    pub(super) const INT8X: u8 = INT8 | X512;
     /// Chunks per activation block.
-    const PER_BLOCK: usize = XBLOCK / CHUNK;
+    pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
     /// How far ahead of the weight stream the decode kernels prefetch, bytes.
-    const PREFETCH: usize = 2048;
+    pub(super) const PREFETCH: usize = 2048;
     /// Most activation rows per call (prefill takes the f32 path).
     const MAX_T: usize = super::GEMM_MIN_T - 1;
 
@@ -983,11 +1051,18 @@ mod avx2 {
         /// Output of the first index row's first output row; activation rows `out_t_stride` apart.
         pub out: *mut f32,
         pub out_t_stride: usize,
+        /// The activations are one row in the pair layout of the 512-bit decode (`QuantX::paired`).
+        pub paired: bool,
     }
 
     /// # Safety
     /// AVX2 must be available and `a` describe valid buffers (see `DotMatrix::rows`).
     pub(super) unsafe fn rows(kind: Kind, a: &Args) {
+        if a.paired {
+            // SAFETY: activations are paired only where the CPU has the AVX-512 subsets
+            // (`QuantX::fill`), and only for one row.
+            return super::zmm::rows(kind, a);
+        }
         if a.t > MAX_T {
             // `block_rows` keeps MAX_T rows of lanes: split (only direct callers get here).
             for t0 in (0..a.t).step_by(MAX_T) {
@@ -1064,7 +1139,7 @@ mod avx2 {
     }
 
     /// Output rows per index row.
-    const fn nw(k: u8) -> usize {
+    pub(super) const fn nw(k: u8) -> usize {
         if base(k) == VEC16 || base(k) == VEC64 {
             2
         } else {
@@ -1072,7 +1147,7 @@ mod avx2 {
         }
     }
 
-    const fn chunk_bytes(k: u8) -> usize {
+    pub(super) const fn chunk_bytes(k: u8) -> usize {
         match base(k) {
             VEC64 => 24,
             INT8 => 32,
@@ -1081,7 +1156,7 @@ mod avx2 {
     }
 
     /// The lookup tables and masks a kind needs, loaded once per call.
-    struct Tabs {
+    pub(super) struct Tabs {
         t: [__m256i; 8],
         m15: __m256i,
         /// XORed into INT8 weights: `0x80` for the dot kernels' unsigned weights, 0 to decode.
@@ -1090,7 +1165,7 @@ mod avx2 {
 
     /// Tables as signed weights (`unsigned` false) or as `w + 128` (`w ^ 0x80`).
     #[inline(always)]
-    unsafe fn tabs(k: u8, tables: *const i8, unsigned: bool) -> Tabs {
+    pub(super) unsafe fn tabs(k: u8, tables: *const i8, unsigned: bool) -> Tabs {
         let n = match base(k) {
             LUT4 => 1,
             VEC16 => 2,
@@ -1168,7 +1243,7 @@ mod avx2 {
     /// Ends a block for one output: the exact lane sums `acc − corr` (the unsigned offset taken
     /// back out) fused into the f32 lanes with the block's scale `s`.
     #[inline(always)]
-    unsafe fn close_block(lanes: __m256, acc: __m256i, corr: *const i32, s: *const f32) -> __m256 {
+    pub(super) unsafe fn close_block(lanes: __m256, acc: __m256i, corr: *const i32, s: *const f32) -> __m256 {
         let exact = _mm256_sub_epi32(acc, _mm256_loadu_si256(corr as *const __m256i));
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_broadcast_ss(&*s), lanes)
     }
@@ -1319,7 +1394,7 @@ mod avx2 {
 
     /// The eight lanes summed in `reduce_lanes` order.
     #[inline(always)]
-    unsafe fn reduce(v: __m256) -> f32 {
+    pub(super) unsafe fn reduce(v: __m256) -> f32 {
         let h = _mm256_hadd_ps(v, v);
         let h = _mm256_hadd_ps(h, h);
         _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h)))
@@ -1501,7 +1576,7 @@ mod avx2 {
     /// plane).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn chunks_in_registers<const K: u8, const P: usize, const T: usize>(
+    pub(super) unsafe fn chunks_in_registers<const K: u8, const P: usize, const T: usize>(
         a: &Args,
         tb: &Tabs,
         r: usize,

@@ -272,21 +272,29 @@ fn second_plane_sums_are_exact_at_the_extremes() {
                 // Plane 2 of block j / XBLOCK, lane (j mod 32) / 4.
                 corr[(j / XBLOCK * 2 + 1) * 8 + j % CHUNK / 4] += 128 * code as i32;
             }
-            let qx = QuantX {
-                t: 1,
-                planes: 2,
-                cin_pad,
-                nblocks,
-                q: vec![0; cin_pad],
-                q2: (0..cin_pad).map(|j| if j < cin { code } else { 0 }).collect(),
-                scale: (0..nblocks).flat_map(|_| [0.0, 1.0]).collect(),
-                corr,
-            };
-            let want = wv as f32 * code as f32 * cin as f32;
-            for simd in [false, true] {
-                let mut y = vec![0f32; 9];
-                matmul_many(simd, &[d], &qx, &mut [&mut y]);
-                assert!(y.iter().all(|&v| v == want), "simd={simd} w={wv} code={code} cin={cin}: {y:?} vs {want}");
+            // The same codes in every column: the 512-bit decode's pair layout holds the same
+            // values, so both layouts are this one.
+            for paired in [false, crate::simd::has_avx512_kernels()] {
+                let qx = QuantX {
+                    t: 1,
+                    planes: 2,
+                    cin_pad,
+                    nblocks,
+                    q: vec![0; cin_pad],
+                    q2: (0..cin_pad).map(|j| if j < cin { code } else { 0 }).collect(),
+                    scale: (0..nblocks).flat_map(|_| [0.0, 1.0]).collect(),
+                    paired,
+                    corr: corr.clone(),
+                };
+                let want = wv as f32 * code as f32 * cin as f32;
+                for simd in [false, true] {
+                    let mut y = vec![0f32; 9];
+                    matmul_many(simd, &[d], &qx, &mut [&mut y]);
+                    assert!(
+                        y.iter().all(|&v| v == want),
+                        "simd={simd} paired={paired} w={wv} code={code} cin={cin}: {y:?} vs {want}"
+                    );
+                }
             }
         }
     }
@@ -466,8 +474,16 @@ fn simd_activation_quantization_equals_scalar() {
             }
             let a = QuantX::with_planes(&x, t, cin, planes);
             let b = QuantX::with_planes_scalar(&x, t, cin, planes);
-            assert_eq!(a.q, b.q, "codes t={t} cin={cin} planes={planes}");
-            assert_eq!(a.q2, b.q2, "second-plane codes t={t} cin={cin} planes={planes}");
+            assert!(!b.paired);
+            for tt in 0..t {
+                for c in 0..b.cin_pad / intdot::CHUNK {
+                    assert_eq!(a.chunk(tt, c), b.chunk(tt, c), "codes t={t} cin={cin} planes={planes} chunk {c}");
+                }
+            }
+            if !a.paired {
+                assert_eq!(a.q, b.q, "codes t={t} cin={cin} planes={planes}");
+                assert_eq!(a.q2, b.q2, "second-plane codes t={t} cin={cin} planes={planes}");
+            }
             assert!(a.q2.iter().all(|&v| (-63..=63).contains(&v)), "second-plane range");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a.scale), bits(&b.scale), "scales t={t} cin={cin} planes={planes}");
@@ -486,7 +502,9 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
     use intdot::{matmul_many, set_avx512, QuantX};
     let mut rng = Rng(11);
     for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
-        for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (130, 576)] {
+        // Chunks: 1 (no pair), 3 (a pair and one left over), 66 (a full block, then a pair),
+        // 65 (a full block, then one left over), 18.
+        for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (20, 2048 + 10), (130, 576)] {
             let p = if format == Format::Int8 {
                 PackedMatrix::from_int8(&random_int8(cout, cin, &mut rng))
             } else {
@@ -500,16 +518,27 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
             let d = p.as_dot().unwrap();
             for (t, planes) in [(1, 2), (1, 1), (3, 2), (5, 2), (5, 1)] {
                 let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
-                let qx = QuantX::with_planes(&x, t, cin, planes);
+                let qx = QuantX::with_planes_scalar(&x, t, cin, planes);
                 let mut want = vec![0f32; t * cout];
                 matmul_many(false, &[d], &qx, &mut [&mut want]);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 for avx512 in [false, true] {
                     set_avx512(avx512);
                     let mut y = vec![0f32; t * cout];
                     matmul_many(true, &[d], &qx, &mut [&mut y]);
                     set_avx512(true);
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&y), bits(&want), "{format:?} {cout}x{cin} t={t} planes={planes} avx512={avx512}");
+                }
+                if t == 1 && crate::simd::has_avx512_kernels() {
+                    // Decode on 512-bit vectors, in the pair layout: the kernels and the scalar
+                    // reference reading that layout.
+                    let mut qp = QuantX::with_planes_scalar(&x, t, cin, planes);
+                    qp.pair();
+                    for simd in [false, true] {
+                        let mut y = vec![0f32; t * cout];
+                        matmul_many(simd, &[d], &qp, &mut [&mut y]);
+                        assert_eq!(bits(&y), bits(&want), "{format:?} {cout}x{cin} paired planes={planes} simd={simd}");
+                    }
                 }
             }
         }

@@ -1,0 +1,68 @@
+//! A/B timing of the decode kernels (one activation row) on 512-bit against 256-bit vectors,
+//! interleaved in one process so that both see the same machine: for each format, rounds of
+//! `reps` calls alternate between the two layouts and the best round of each is reported.
+//!
+//! `cargo run --release -p forge-kernels --example decode_ab -- [COUTxCIN] [rounds]`
+//! (single-threaded; the rows are split across the pool's threads as in `forge`).
+
+use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
+use forge_kernels::lutmm::intdot::{self, matmul_many, DotMatrix, QuantX};
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (cout, cin) = args
+        .get(1)
+        .and_then(|s| s.split_once('x'))
+        .map(|(a, b)| (a.parse().expect("cout"), b.parse().expect("cin")))
+        .unwrap_or((1536, 576));
+    let rounds: usize = args.get(2).map(|s| s.parse().expect("rounds")).unwrap_or(15);
+    // Fixed seed: xorshift.
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let x: Vec<f32> = (0..cin).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    intdot::set_wide(false);
+    let plain = QuantX::new(&x, 1, cin);
+    intdot::set_wide(true);
+    let paired = QuantX::new(&x, 1, cin);
+    println!("{cout}x{cin}, {} thread(s), paired layout: {}", rayon::current_num_threads(), paired.paired);
+    println!("{:8} {:>10} {:>10} {:>7}", "format", "256 GB/s", "512 GB/s", "ratio");
+    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        let d = if format == Format::Int8 {
+            let q = (0..cout * cin).map(|_| next() as u8 as i8).collect();
+            DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
+        } else {
+            let (k, dim) = (format.entries(), format.vec_dim());
+            let m = LutMatrix {
+                format,
+                cout,
+                cin,
+                codebook: (0..k * dim).map(|_| ((next() % 256) as i32 - 128) as f32 / 64.0).collect(),
+                idx: (0..cout / dim * cin).map(|_| (next() % k as u64) as u8).collect(),
+                scale: vec![0.01; cout],
+            };
+            DotMatrix::from_lut(&m).expect("integer codebook")
+        };
+        let bytes = d.packed_bytes() as f64;
+        let mut y = vec![0f32; cout];
+        // About 0.1 s of work per round at 10 GB/s.
+        let reps = ((1e9 / bytes) as usize).clamp(1, 10_000);
+        let mut best = [f64::MAX; 2];
+        for _ in 0..rounds {
+            for (i, qx) in [&plain, &paired].into_iter().enumerate() {
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    matmul_many(true, &[&d], qx, &mut [&mut y]);
+                }
+                best[i] = best[i].min(t0.elapsed().as_secs_f64() / reps as f64);
+            }
+        }
+        let gb = |t: f64| bytes / t / 1e9;
+        println!("{:8} {:>10.2} {:>10.2} {:>7.2}", format!("{format:?}"), gb(best[0]), gb(best[1]), best[0] / best[1]);
+    }
+}

@@ -1,0 +1,234 @@
+//! Decode (one activation row) on 512-bit vectors: each instruction covers two chunks, so a
+//! row takes half the lookups, widenings and multiply-adds of the 256-bit variants.
+//!
+//! The two chunks `A = 2p` and `B = 2p + 1` of a pair sit in the four 128-bit lanes as
+//! `[A 0–15 | B 0–15 | A 16–31 | B 16–31]` (by column). That order costs the lookup kinds
+//! nothing: one 256-bit broadcast load gives `[A | B | A | B]` nibble bytes and a per-lane shift
+//! picks low or high nibbles. [`QuantX`](super::QuantX) stores a decode row's activations in the
+//! matching order when this path is on (`paired`), so every load is a plain one.
+//!
+//! A 32-bit lane then sums the same columns of chunk `A` (or `B`) as the 256-bit kernels' lane
+//! does, lanes `0–3` and `4–7` of each chunk lying in 128-bit lanes `0, 2` (A) and `1, 3` (B).
+//! At the end of a block the halves of the pair are added (exact integer adds: the lane sums
+//! of a block fit in 32 bits, see `XBLOCK`) into the 256-bit kernels' eight lanes, and the
+//! block closes with their f32 step: the results equal the scalar reference bit for bit.
+//!
+//! A last chunk without a partner (odd chunk count) goes through the 256-bit code, on the plain
+//! layout that `QuantX` keeps for it.
+
+use super::avx2::{
+    chunk_bytes, chunks_in_registers, close_block, nw, reduce, reduce8, tabs, Args, INT8X, LUT4X, PER_BLOCK, PREFETCH,
+    VEC16X, VEC64X,
+};
+use super::{CHUNK, LANES};
+use std::arch::x86_64::*;
+
+/// Pairs in flight per row, each with its own accumulators: a pair's multiply-adds go
+/// straight into them (no separate add), and two chains of them keep the units busy.
+const U: usize = 2;
+
+/// The tables of a kind for 512-bit lookups, as unsigned `w + 128`: lut4 and vec2x16 broadcast
+/// to the four 128-bit lanes (`vpshufb`), vec2x64 one 64-entry table per component
+/// (`vpermb` reads six index bits).
+struct Tabs512 {
+    t: [__m512i; 2],
+    flip: __m512i,
+}
+
+#[inline(always)]
+unsafe fn tabs512(k: u8, tables: *const i8) -> Tabs512 {
+    let flip = _mm512_set1_epi8(-128);
+    let z = _mm512_setzero_si512();
+    let b16 = |i: usize| {
+        _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(tables.add(16 * i) as *const __m128i)), flip)
+    };
+    let t = match k {
+        LUT4X => [b16(0), z],
+        VEC16X => [b16(0), b16(1)],
+        VEC64X => {
+            let t64 = |v: usize| _mm512_xor_si512(_mm512_loadu_si512(tables.add(64 * v) as *const _), flip);
+            [t64(0), t64(1)]
+        }
+        _ => [z, z],
+    };
+    Tabs512 { t, flip }
+}
+
+/// The pair of chunks at `p` (chunk `A` at `p`, `B` one chunk on) as `nw(K)` vectors of 64
+/// unsigned weights in pair order.
+#[inline(always)]
+unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
+    let z = _mm512_setzero_si512();
+    // Low nibbles in lanes 0 and 1, high nibbles in lanes 2 and 3.
+    let nib_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    match K {
+        LUT4X | VEC16X => {
+            // [A | B | A | B]: the 32 index bytes of the pair, one broadcast load.
+            let v = _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i));
+            let idx = _mm512_and_si512(_mm512_srlv_epi32(v, nib_shift), _mm512_set1_epi8(15));
+            let w1 = if K == VEC16X { _mm512_shuffle_epi8(tb.t[1], idx) } else { z };
+            [_mm512_shuffle_epi8(tb.t[0], idx), w1]
+        }
+        VEC64X => {
+            // A's 16 nibble bytes at p, B's 24 bytes on: [A | B | A | B] by a merging broadcast.
+            let a = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+            let v = _mm512_mask_broadcast_i32x4(a, 0xF0F0, _mm_loadu_si128(p.add(24) as *const __m128i));
+            // The top two index bits: 8 bytes per chunk, 64-bit word `j` of the vector covering
+            // columns `8q..8q + 8` of A or B (q = 0, 1, 0, 1, 2, 3, 2, 3), shifted by `2q` to
+            // bring bits 5 and 4 to the top of each byte, then down to bits 5 and 4.
+            let ha = (p.add(16) as *const i64).read_unaligned();
+            let hb = (p.add(40) as *const i64).read_unaligned();
+            let h = _mm512_mask_set1_epi64(_mm512_set1_epi64(ha), 0xCC, hb);
+            let b54 = _mm512_srli_epi16::<2>(_mm512_sllv_epi64(h, _mm512_setr_epi64(0, 2, 0, 2, 4, 6, 4, 6)));
+            // Low four bits from the nibble, the rest from b54 (`vpermb` reads bits 0–5 only).
+            let idx = _mm512_ternarylogic_epi32::<0xD8>(b54, _mm512_srlv_epi32(v, nib_shift), _mm512_set1_epi8(15));
+            [_mm512_permutexvar_epi8(idx, tb.t[0]), _mm512_permutexvar_epi8(idx, tb.t[1])]
+        }
+        _ => {
+            // INT8: [A 0–15 | A 16–31 | B 0–15 | B 16–31] in memory; lanes 1 and 2 swap.
+            let v = _mm512_loadu_si512(p as *const _);
+            [_mm512_xor_si512(_mm512_shuffle_i64x2::<0xD8>(v, v), tb.flip), z]
+        }
+    }
+}
+
+/// Both planes of one output for a pair: `acc[0] += Σ w·q₁` (16-bit plane, two 64-byte halves
+/// at `x`), `acc[1] += Σ w·q₂` (byte plane at `x2`). `vpdpwssd` adds the same pairs of
+/// products per lane as `pmaddwd`, and `vpdpbusd` the same four as `pmaddubsw` + `pmaddwd`,
+/// without saturating: the lanes are the 256-bit kernels' lanes.
+#[inline(always)]
+unsafe fn mac_pair<const P: usize>(acc: &mut [__m512i; 2], w: __m512i, x: *const __m512i, x2: *const __m512i) {
+    let z = _mm512_setzero_si512();
+    let (lo, hi) = (_mm512_unpacklo_epi8(w, z), _mm512_unpackhi_epi8(w, z));
+    let a0 = _mm512_dpwssd_epi32(acc[0], lo, _mm512_loadu_si512(x as *const _));
+    acc[0] = _mm512_dpwssd_epi32(a0, hi, _mm512_loadu_si512(x.add(1) as *const _));
+    if P == 2 {
+        acc[1] = _mm512_dpbusd_epi32(acc[1], w, _mm512_loadu_si512(x2 as *const _));
+    }
+}
+
+/// A pair's lanes `[A 0–3 | B 0–3 | A 4–7 | B 4–7]` as the 256-bit kernels' eight lanes of the
+/// two chunks together.
+#[inline(always)]
+unsafe fn fold(acc: __m512i) -> __m256i {
+    let (lo, hi) = (_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64::<1>(acc));
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
+}
+
+/// The f32 lanes of index row `r` (one activation row, paired layout), per output.
+#[inline(always)]
+unsafe fn row_lanes<const K: u8, const P: usize>(
+    a: &Args,
+    tb: &Tabs512,
+    tb256: &super::avx2::Tabs,
+    r: usize,
+) -> [__m256; 2] {
+    let cb = chunk_bytes(K);
+    let z = _mm512_setzero_si512();
+    let mut lanes = [_mm256_setzero_ps(); 2];
+    let mut c = 0usize;
+    for b in 0..a.nblocks {
+        let n = PER_BLOCK.min(a.nchunks - c);
+        let mut acc = [[[z; 2]; 2]; U];
+        let row = a.row.add(r * a.row_bytes + c * cb);
+        let x = a.xq.add(c * CHUNK) as *const __m512i;
+        let x2 = a.xq2.add(c * CHUNK) as *const __m512i;
+        let np = n / 2;
+        let mut i = 0;
+        while i + U <= np {
+            for (u, au) in acc.iter_mut().enumerate() {
+                let p = row.add(2 * (i + u) * cb);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+                let w = weights2::<K>(p, tb);
+                for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                    mac_pair::<P>(&mut au[v], wv, x.add(2 * (i + u)), x2.add(i + u));
+                }
+            }
+            i += U;
+        }
+        while i < np {
+            let p = row.add(2 * i * cb);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+            let w = weights2::<K>(p, tb);
+            for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                mac_pair::<P>(&mut acc[0][v], wv, x.add(2 * i), x2.add(i));
+            }
+            i += 1;
+        }
+        let mut acc256 = [[[_mm256_setzero_si256(); 2]; 2]; 1];
+        for v in 0..nw(K) {
+            for p in 0..P {
+                let mut sum = acc[0][v][p];
+                for au in &acc[1..] {
+                    sum = _mm512_add_epi32(sum, au[v][p]);
+                }
+                acc256[0][v][p] = fold(sum);
+            }
+        }
+        if n % 2 == 1 {
+            // The last chunk of the row, unpaired, in the plain layout.
+            chunks_in_registers::<K, P, 1>(a, tb256, r, 0, c + n - 1, 1, &mut acc256);
+        }
+        let blk = b * 2;
+        for (l, av) in lanes.iter_mut().zip(acc256[0]).take(nw(K)) {
+            for (p, &ap) in av.iter().enumerate().take(P) {
+                *l = close_block(*l, ap, a.corr.add((blk + p) * LANES), a.xs.add(blk + p));
+            }
+        }
+        c += n;
+    }
+    lanes
+}
+
+/// One activation row in the paired layout: eight outputs reduced and stored together, as the
+/// 256-bit `decode_rows`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL/VBMI/VNNI, `a` describe valid buffers (see
+/// `DotMatrix::rows`) with `a.t == 1` and the activations in the paired layout.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
+    let tb = tabs512(K, a.tables);
+    let tb256 = tabs(K, a.tables, true);
+    let per = 8 / nw(K);
+    let mut r = 0;
+    while r + per <= a.n_rows {
+        let mut v = [_mm256_setzero_ps(); 8];
+        for i in 0..per {
+            let l = row_lanes::<K, P>(a, &tb, &tb256, r + i);
+            v[i * nw(K)] = l[0];
+            if nw(K) == 2 {
+                v[i * 2 + 1] = l[1];
+            }
+        }
+        let o0 = r * nw(K);
+        _mm256_storeu_ps(a.out.add(o0), _mm256_mul_ps(reduce8(&v), _mm256_loadu_ps(a.scale.add(o0))));
+        r += per;
+    }
+    while r < a.n_rows {
+        let l = row_lanes::<K, P>(a, &tb, &tb256, r);
+        let o0 = r * nw(K);
+        for (v, &lv) in l.iter().enumerate().take(nw(K)) {
+            *a.out.add(o0 + v) = reduce(lv) * *a.scale.add(o0 + v);
+        }
+        r += 1;
+    }
+}
+
+/// Which kernel a kind runs in the paired layout.
+///
+/// # Safety
+/// As [`decode_rows`].
+pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
+    use super::Kind;
+    match (kind, a.planes) {
+        (Kind::Lut4, 2) => decode_rows::<LUT4X, 2>(a),
+        (Kind::Lut4, _) => decode_rows::<LUT4X, 1>(a),
+        (Kind::Vec2x16, 2) => decode_rows::<VEC16X, 2>(a),
+        (Kind::Vec2x16, _) => decode_rows::<VEC16X, 1>(a),
+        (Kind::Vec2x64, 2) => decode_rows::<VEC64X, 2>(a),
+        (Kind::Vec2x64, _) => decode_rows::<VEC64X, 1>(a),
+        (Kind::Int8, 2) => decode_rows::<INT8X, 2>(a),
+        (Kind::Int8, _) => decode_rows::<INT8X, 1>(a),
+    }
+}
