@@ -58,8 +58,14 @@ impl Session {
     pub fn reserve(&mut self, more: usize) {
         for l in &mut self.layers {
             if let LayerState::Attn(c) = l {
-                c.k.reserve(more * c.row);
-                c.v.reserve(more * c.row);
+                for cache in [&mut c.k, &mut c.v] {
+                    cache.reserve(more * c.row);
+                    // Touch the room now (as llama.cpp maps its context when it is made), not
+                    // on the first page faults of a prefill or decode.
+                    cache.spare_capacity_mut().iter_mut().for_each(|v| {
+                        v.write(0.0);
+                    });
+                }
             }
         }
     }

@@ -553,8 +553,13 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
     // on ragged shapes (tails of the 16- and 8-wide steps, partial tiles of rows and columns).
     use intdot::{gemm_many, set_avx512, GEMM_MIN_T};
     let mut rng = Rng(13);
-    for &(cout, cin) in &[(2, 1), (14, 5), (30, 37), (130, 70), (262, 129), (64, 2048 + 40)] {
-        let m = random_lut_int(Format::Lut4, cout, cin, &mut rng);
+    // T = 16, 17 and 35: partial vectors of the 64-row activation tiles; 14, 30, 130 and 262
+    // outputs: partial 6-row weight tiles (whole row pairs for vec2x64).
+    for (format, &(cout, cin)) in [Format::Lut4, Format::Vec2x64]
+        .into_iter()
+        .flat_map(|f| [(2, 1), (14, 5), (30, 37), (130, 70), (262, 129), (64, 2048 + 40)].iter().map(move |s| (f, s)))
+    {
+        let m = random_lut_int(format, cout, cin, &mut rng);
         let w = m.reconstruct();
         let d = intdot::DotMatrix::from_lut(&m).unwrap();
         for t in [GEMM_MIN_T, GEMM_MIN_T + 1, 2 * GEMM_MIN_T + 3] {
@@ -565,7 +570,7 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
                 let mut y = vec![f32::NAN; t * cout];
                 gemm_many(true, &[&d], &x, t, &mut [&mut y]);
                 set_avx512(true);
-                check(&format!("{cout}x{cin} t={t} avx512={avx512}"), &y, &r, &x, &w, t, cout, cin);
+                check(&format!("{format:?} {cout}x{cin} t={t} avx512={avx512}"), &y, &r, &x, &w, t, cout, cin);
             }
         }
     }
