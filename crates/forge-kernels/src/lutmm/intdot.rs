@@ -1528,6 +1528,15 @@ mod avx2 {
     /// AVX2 must be present, `row` hold `n_idx` index rows `row_bytes` apart, `scale` the
     /// `n_idx · nw` output scales and `out` `n_idx · nw · cin` values.
     pub(super) unsafe fn decode_f32(kind: Kind, a: &DecodeArgs) {
+        if super::avx512() {
+            // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
+            return match kind {
+                Kind::Lut4 => super::zmm::decode_f32::<LUT4X>(a),
+                Kind::Vec2x16 => super::zmm::decode_f32::<VEC16X>(a),
+                Kind::Vec2x64 => super::zmm::decode_f32::<VEC64X>(a),
+                Kind::Int8 => super::zmm::decode_f32::<INT8X>(a),
+            };
+        }
         match kind {
             Kind::Lut4 => decode_f32_k::<LUT4>(a),
             Kind::Vec2x16 => decode_f32_k::<VEC16>(a),
@@ -1538,13 +1547,19 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn decode_f32_k<const K: u8>(a: &DecodeArgs) {
+        decode_f32_from::<K>(a, 0)
+    }
+
+    /// Columns from chunk `c0` on (the 512-bit decode leaves the last chunks to this).
+    #[inline(always)]
+    pub(super) unsafe fn decode_f32_from<const K: u8>(a: &DecodeArgs, c0: usize) {
         let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out } = *a;
-        let tb = tabs(K, tables, false);
+        let tb = tabs(base(K), tables, false);
         let cb = chunk_bytes(K);
         let mut tail = [0f32; CHUNK];
         for g in 0..n_idx {
             let p = row.add(g * row_bytes);
-            for c in 0..cin.div_ceil(CHUNK) {
+            for c in c0..cin.div_ceil(CHUNK) {
                 let w = weights::<K>(p.add(c * cb), &tb);
                 let m = (cin - c * CHUNK).min(CHUNK);
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {

@@ -17,8 +17,8 @@
 //! layout that `QuantX` keeps for it.
 
 use super::avx2::{
-    chunk_bytes, chunks_in_registers, close_block, nw, reduce, reduce8, tabs, Args, INT8X, LUT4X, PER_BLOCK, PREFETCH,
-    VEC16X, VEC64X,
+    chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, reduce, reduce8, tabs, Args, DecodeArgs, INT8X,
+    LUT4X, PER_BLOCK, PREFETCH, VEC16X, VEC64X,
 };
 use super::{CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -27,7 +27,8 @@ use std::arch::x86_64::*;
 /// straight into them (no separate add), and two chains of them keep the units busy.
 const U: usize = 2;
 
-/// The tables of a kind for 512-bit lookups, as unsigned `w + 128`: lut4 and vec2x16 broadcast
+/// The tables of a kind for 512-bit lookups, as signed weights or as unsigned `w + 128` (the
+/// dot kernels; INT8 bytes are flipped likewise): lut4 and vec2x16 broadcast
 /// to the four 128-bit lanes (`vpshufb`), vec2x64 one 64-entry table per component
 /// (`vpermb` reads six index bits).
 struct Tabs512 {
@@ -36,8 +37,8 @@ struct Tabs512 {
 }
 
 #[inline(always)]
-unsafe fn tabs512(k: u8, tables: *const i8) -> Tabs512 {
-    let flip = _mm512_set1_epi8(-128);
+unsafe fn tabs512(k: u8, tables: *const i8, unsigned: bool) -> Tabs512 {
+    let flip = if unsigned { _mm512_set1_epi8(-128) } else { _mm512_setzero_si512() };
     let z = _mm512_setzero_si512();
     let b16 = |i: usize| {
         _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(tables.add(16 * i) as *const __m128i)), flip)
@@ -188,7 +189,7 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
 /// `DotMatrix::rows`) with `a.t == 1` and the activations in the paired layout.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
-    let tb = tabs512(K, a.tables);
+    let tb = tabs512(K, a.tables, true);
     let tb256 = tabs(K, a.tables, true);
     let per = 8 / nw(K);
     let mut r = 0;
@@ -231,4 +232,36 @@ pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
         (Kind::Int8, 2) => decode_rows::<INT8X, 2>(a),
         (Kind::Int8, _) => decode_rows::<INT8X, 1>(a),
     }
+}
+
+/// Index rows decoded to f32 rows (`scale[o] · q`, exact): whole pairs of chunks 512 bits at a
+/// time, the rest (a last chunk, a partial pair) by the 256-bit code. The same values as the
+/// scalar decode (an integer to f32 is exact, then one rounding multiply).
+///
+/// # Safety
+/// As `avx2::decode_f32`, and the CPU must have AVX-512 F/BW/VL/VBMI/VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+pub(super) unsafe fn decode_f32<const K: u8>(a: &DecodeArgs) {
+    let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out } = *a;
+    let tb = tabs512(K, tables, false);
+    let cb = chunk_bytes(K);
+    let pairs = cin / (2 * CHUNK);
+    let f32s = |b: __m128i, s: __m512| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+    for g in 0..n_idx {
+        let p = row.add(g * row_bytes);
+        for i in 0..pairs {
+            let w = weights2::<K>(p.add(2 * i * cb), &tb);
+            for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                let o = g * nw(K) + v;
+                let s = _mm512_set1_ps(*scale.add(o));
+                let dst = out.add(o * cin + 2 * i * CHUNK);
+                // Lanes [A 0–15 | B 0–15 | A 16–31 | B 16–31] to columns 0, 32, 16, 48.
+                _mm512_storeu_ps(dst, f32s(_mm512_castsi512_si128(wv), s));
+                _mm512_storeu_ps(dst.add(32), f32s(_mm512_extracti32x4_epi32::<1>(wv), s));
+                _mm512_storeu_ps(dst.add(16), f32s(_mm512_extracti32x4_epi32::<2>(wv), s));
+                _mm512_storeu_ps(dst.add(48), f32s(_mm512_extracti32x4_epi32::<3>(wv), s));
+            }
+        }
+    }
+    decode_f32_from::<K>(a, 2 * pairs);
 }
