@@ -30,12 +30,13 @@ struct Cli {
     /// for its residual: faster, but logits move by up to ~5e-3 (both planes: within ~1e-4).
     #[arg(long, global = true)]
     act16: bool,
-    /// Keep the integer kernels to AVX2 on CPUs with AVX-512 VNNI and VBMI (same results; for
-    /// speed comparisons).
+    /// Keep the integer kernels to AVX2 on CPUs with AVX-512 VNNI and VBMI (for speed
+    /// comparisons; the same results as `--avx512-256`).
     #[arg(long, global = true)]
     no_avx512: bool,
     /// Keep the AVX-512 integer kernels to 256-bit vectors (decode otherwise runs 512 bits
-    /// wide; same results; for speed comparisons, or CPUs that slow down on 512-bit work).
+    /// wide; results within ~2⁻²³ relative; for speed comparisons, or CPUs that slow down on
+    /// 512-bit work).
     #[arg(long = "avx512-256", global = true)]
     avx512_256: bool,
     #[command(subcommand)]
@@ -86,6 +87,7 @@ fn main() {
     }
     if cli.no_avx512 {
         forge_kernels::lutmm::intdot::set_avx512(false);
+        forge_kernels::lutmm::intdot::set_wide(false);
     }
     if cli.avx512_256 {
         forge_kernels::lutmm::intdot::set_wide(false);

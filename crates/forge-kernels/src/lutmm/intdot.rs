@@ -73,7 +73,8 @@ static WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 
 /// Whether decode (one activation row) may run the AVX-512 kernels on 512-bit vectors (default)
 /// or keep them to 256-bit vectors (for comparisons, or CPUs that slow their clock for 512-bit
-/// work). Both give the same bits.
+/// work). Each equals its own scalar reference bit for bit; the two differ within the
+/// activations' two-plane bound (the 512-bit layout's codes end at ±32639, not ±32767).
 pub fn set_wide(on: bool) {
     WIDE.store(on, std::sync::atomic::Ordering::Relaxed)
 }
@@ -83,14 +84,17 @@ pub fn isa() -> &'static str {
     match (crate::simd::has_avx2_fma(), avx512(), wide()) {
         (true, true, true) => "AVX-512 VNNI/VBMI (512-bit decode)",
         (true, true, false) => "AVX-512 VNNI/VBMI (256-bit)",
-        (true, false, _) => "AVX2",
+        (true, false, true) => "AVX2, AVX-512 decode",
+        (true, false, false) => "AVX2",
         _ => "portable (no AVX2)",
     }
 }
 
-/// Decode rows go through the 512-bit kernels (and their paired activation layout).
+/// Decode rows go through the 512-bit kernels (and their pair layout of the activations, whose
+/// codes have a slightly smaller range: so this does not follow [`set_avx512`], which must not
+/// change results).
 fn wide() -> bool {
-    avx512() && WIDE.load(std::sync::atomic::Ordering::Relaxed)
+    WIDE.load(std::sync::atomic::Ordering::Relaxed) && crate::simd::has_avx512_kernels()
 }
 
 /// AVX-512 variants allowed and the CPU has them.
@@ -106,6 +110,9 @@ fn avx512_f32() -> bool {
 
 /// Largest 16-bit activation magnitude.
 const XMAX: f32 = 32767.0;
+/// The same for the pair layout of the 512-bit decode, whose 16-bit codes go in as two signed
+/// bytes `q₁ = 256·h + l` (`l` in ±128, `h` in ±127 up to here).
+const XMAX_PAIRED: f32 = 32639.0;
 /// Largest second-plane code: `pmaddubsw` adds two products of a weight byte (≤ 255) and a
 /// code without saturating (2 · 255 · 63 < 2¹⁵).
 const XMAX2: f32 = 63.0;
@@ -208,11 +215,16 @@ pub struct QuantX {
     pub q2: Vec<i8>,
     /// `t × nblocks × 2`: `(s₁, s₂)` per block.
     pub scale: Vec<f32>,
-    /// One row (`t = 1`) in the layout of the 512-bit decode kernels: each whole pair of chunks
-    /// `A, B` (64 columns) holds `q₁` as eight-value pieces `[A₀ B₀ A₁ B₁ A₂ B₂ A₃ B₃]` of the
-    /// plain layout and `q₂` as `[A 0–15, B 0–15, A 16–31, B 16–31]`; a last unpaired chunk
-    /// stays plain. Read through [`QuantX::chunk`], which undoes it.
+    /// One row (`t = 1`) for the 512-bit decode kernels: codes within ±[`XMAX_PAIRED`], each
+    /// whole pair of chunks `A, B` (64 columns) also as the bytes of `q₁ = 256·h + l` in
+    /// [`QuantX::qhl`], and `q₂` in pair order `[A 0–15, B 0–15, A 16–31, B 16–31]` (read
+    /// through [`QuantX::chunk`], which undoes it). In those pairs the 16-bit plane's lanes are
+    /// `vpdpbusd`'s, four consecutive columns per lane ([`QuantX::lane1`]). A last unpaired
+    /// chunk stays plain.
     pub paired: bool,
+    /// With `paired`: per whole pair of chunks, 64 bytes `h` then 64 bytes `l`, both in pair
+    /// order.
+    pub qhl: Vec<i8>,
     /// `t × nblocks × 2 × LANES`: per block and plane, `128 · Σ q` over the columns of each
     /// accumulator lane ([`lane`] for `q₁`, [`lane2`] for `q₂`). The SIMD kernels multiply unsigned weights `w + 128` (a zero-extend
     /// instead of a sign-extend) and subtract this to recover `Σ w · q` exactly.
@@ -321,29 +333,60 @@ impl QuantX {
     /// Quantize with 1 or 2 planes whatever the process-wide setting.
     pub fn with_planes(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
         let mut q = QuantX::default();
-        q.fill(x, t, cin, planes, crate::simd::has_avx2_fma());
+        let simd = crate::simd::has_avx2_fma();
+        q.fill(x, t, cin, planes, simd, simd && t == 1 && wide());
+        q
+    }
+
+    /// Quantize in the pair layout of the 512-bit decode (one row; tests).
+    #[cfg(test)]
+    pub(crate) fn paired(x: &[f32], cin: usize, planes: usize) -> QuantX {
+        let mut q = QuantX::default();
+        q.fill(x, 1, cin, planes, false, true);
         q
     }
 
     /// Bytes of the buffers behind this value.
     fn capacity_bytes(&self) -> usize {
-        2 * self.q.capacity() + self.q2.capacity() + 4 * (self.scale.capacity() + self.corr.capacity())
+        2 * self.q.capacity()
+            + self.q2.capacity()
+            + self.qhl.capacity()
+            + 4 * (self.scale.capacity() + self.corr.capacity())
     }
 
     /// Quantize into this value's buffers (no allocation once they are large enough).
     pub fn requantize(&mut self, x: &[f32], t: usize, cin: usize) {
-        self.fill(x, t, cin, PLANES.load(std::sync::atomic::Ordering::Relaxed), crate::simd::has_avx2_fma())
+        let simd = crate::simd::has_avx2_fma();
+        self.fill(x, t, cin, PLANES.load(std::sync::atomic::Ordering::Relaxed), simd, simd && t == 1 && wide())
     }
 
     /// The same through the portable code alone (the reference the AVX2 path must equal).
     #[cfg(test)]
     pub(crate) fn with_planes_scalar(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
         let mut q = QuantX::default();
-        q.fill(x, t, cin, planes, false);
+        q.fill(x, t, cin, planes, false, false);
         q
     }
 
-    fn fill(&mut self, x: &[f32], t: usize, cin: usize, planes: usize, simd: bool) {
+    /// Whether chunk `c` lies in a whole pair of the pair layout.
+    #[inline(always)]
+    fn paired_chunk(&self, c: usize) -> bool {
+        self.paired && (c | 1) < self.cin_pad / CHUNK
+    }
+
+    /// The 16-bit plane's accumulator lane of column `m` of chunk `c`: [`lane`] of its position
+    /// ([`xpos`]), or in a whole pair of the pair layout four consecutive columns per lane.
+    #[inline(always)]
+    fn lane1(&self, c: usize, m: usize) -> usize {
+        if self.paired_chunk(c) {
+            lane2(m)
+        } else {
+            lane(xpos(m))
+        }
+    }
+
+    fn fill(&mut self, x: &[f32], t: usize, cin: usize, planes: usize, simd: bool, paired: bool) {
+        assert!(!paired || t == 1, "the pair layout holds one row");
         assert!(planes == 1 || planes == 2, "1 or 2 activation planes");
         assert_eq!(x.len(), t * cin, "x has {} values, expected {t}×{cin}", x.len());
         let cin_pad = cin.div_ceil(CHUNK) * CHUNK;
@@ -388,7 +431,8 @@ impl QuantX {
                     sc[0] = if finite { 0.0 } else { f32::NAN };
                     continue;
                 }
-                let (s1, inv1) = (m / XMAX, XMAX / m);
+                let xmax = if paired { XMAX_PAIRED } else { XMAX };
+                let (s1, inv1) = (m / xmax, xmax / m);
                 // Blocks start on chunk boundaries (XBLOCK is a multiple of CHUNK).
                 for (c, xc) in xb.chunks(CHUNK).enumerate() {
                     let out = &mut qr[(j0 / CHUNK + c) * CHUNK..][..CHUNK];
@@ -418,10 +462,17 @@ impl QuantX {
             for (c, (qc, q2c)) in qr.chunks(CHUNK).zip(q2r.chunks(CHUNK)).enumerate() {
                 let b = c * CHUNK / XBLOCK;
                 let cl = &mut cr[b * 2 * LANES..][..LANES];
-                // Lane l holds positions 2l, 2l + 1, 16 + 2l and 17 + 2l (see `lane`).
-                for (l, acc) in cl.iter_mut().enumerate() {
-                    let (a, b) = (&qc[2 * l..2 * l + 2], &qc[16 + 2 * l..18 + 2 * l]);
-                    *acc += 128 * (a[0] as i32 + a[1] as i32 + b[0] as i32 + b[1] as i32);
+                if paired && (c | 1) < cin_pad / CHUNK {
+                    // Lane l holds columns 4l..4l + 4 (position xpos(m) holds column m).
+                    for (l, acc) in cl.iter_mut().enumerate() {
+                        *acc += 128 * (4 * l..4 * l + 4).map(|m| qc[xpos(m)] as i32).sum::<i32>();
+                    }
+                } else {
+                    // Lane l holds positions 2l, 2l + 1, 16 + 2l and 17 + 2l (see `lane`).
+                    for (l, acc) in cl.iter_mut().enumerate() {
+                        let (a, b) = (&qc[2 * l..2 * l + 2], &qc[16 + 2 * l..18 + 2 * l]);
+                        *acc += 128 * (a[0] as i32 + a[1] as i32 + b[0] as i32 + b[1] as i32);
+                    }
                 }
                 let cl2 = &mut cr[(b * 2 + 1) * LANES..][..LANES];
                 // Lane l holds columns 4l..4l + 4 (see `lane2`).
@@ -431,28 +482,29 @@ impl QuantX {
             }
         }
         (self.t, self.planes, self.cin_pad, self.nblocks) = (t, planes, cin_pad, nblocks);
-        self.paired = false;
-        if simd && t == 1 && wide() {
-            self.pair();
-        }
-    }
-
-    /// One plain row into the pair layout of the 512-bit decode (see `paired`), which the
-    /// kernels then take; only where the CPU has the AVX-512 subsets.
-    pub(crate) fn pair(&mut self) {
-        assert!(self.t == 1 && !self.paired, "one plain row to pair");
-        assert!(crate::simd::has_avx512_kernels(), "the pair layout needs the AVX-512 kernels");
-        self.paired = true;
-        {
-            for (qp, q2p) in self.q.chunks_exact_mut(2 * CHUNK).zip(self.q2.chunks_exact_mut(2 * CHUNK)) {
-                let (a, b) = (<[i16; 64]>::try_from(&*qp).expect("64"), <[i8; 64]>::try_from(&*q2p).expect("64"));
-                for s in 0..4 {
-                    qp[16 * s..16 * s + 8].copy_from_slice(&a[8 * s..8 * s + 8]);
-                    qp[16 * s + 8..16 * s + 16].copy_from_slice(&a[32 + 8 * s..32 + 8 * s + 8]);
+        self.paired = paired;
+        self.qhl.clear();
+        if paired {
+            assert!(t == 1, "one row");
+            let pairs = cin_pad / (2 * CHUNK);
+            self.qhl.resize(pairs * 4 * CHUNK, 0);
+            // Pair order: 16 columns of A, 16 of B, then A's and B's last 16.
+            let order = |k: usize| -> usize { (k / 16 % 2) * CHUNK + (k / 32) * 16 + k % 16 };
+            for (p, hl) in self.qhl.chunks_exact_mut(4 * CHUNK).enumerate() {
+                let qp = &self.q[p * 2 * CHUNK..][..2 * CHUNK];
+                for k in 0..2 * CHUNK {
+                    // Column `col` of the pair: chunk col / 32, stored at its xpos there.
+                    let col = order(k);
+                    let v = qp[col / CHUNK * CHUNK + xpos(col % CHUNK)] as i32;
+                    let h = (v + 128) >> 8;
+                    hl[k] = h as i8;
+                    hl[2 * CHUNK + k] = (v - 256 * h) as i8;
                 }
-                for h in 0..2 {
-                    q2p[32 * h..32 * h + 16].copy_from_slice(&b[16 * h..16 * h + 16]);
-                    q2p[32 * h + 16..32 * h + 32].copy_from_slice(&b[32 + 16 * h..32 + 16 * h + 16]);
+            }
+            for q2p in self.q2.chunks_exact_mut(2 * CHUNK).take(pairs) {
+                let b = <[i8; 64]>::try_from(&*q2p).expect("64");
+                for (k, v) in q2p.iter_mut().enumerate() {
+                    *v = b[order(k)];
                 }
             }
         }
@@ -463,16 +515,13 @@ impl QuantX {
     pub fn chunk(&self, t: usize, c: usize) -> ([i16; CHUNK], [i8; CHUNK]) {
         let base = t * self.cin_pad;
         let (mut q1, mut q2) = ([0i16; CHUNK], [0i8; CHUNK]);
-        if self.paired && (c | 1) < self.cin_pad / CHUNK {
+        q1.copy_from_slice(&self.q[base + c * CHUNK..][..CHUNK]);
+        if self.paired_chunk(c) {
             let (p0, e) = (base + (c & !1) * CHUNK, c & 1);
-            for s in 0..4 {
-                q1[8 * s..8 * s + 8].copy_from_slice(&self.q[p0 + 16 * s + 8 * e..][..8]);
-            }
             for h in 0..2 {
                 q2[16 * h..16 * h + 16].copy_from_slice(&self.q2[p0 + 32 * h + 16 * e..][..16]);
             }
         } else {
-            q1.copy_from_slice(&self.q[base + c * CHUNK..][..CHUNK]);
             q2.copy_from_slice(&self.q2[base + c * CHUNK..][..CHUNK]);
         }
         (q1, q2)
@@ -958,6 +1007,7 @@ impl DotMatrix {
                     out: y.0.add(g0 * nr),
                     out_t_stride: self.cout,
                     paired: qx.paired,
+                    xhl: qx.qhl.as_ptr(),
                 };
                 // SAFETY: AVX2 was detected by the caller; the index rows g0..g0+n lie in
                 // `data` (plus the 8 bytes of slack the vec2x64 load may touch), `xq` and `xq2`
@@ -1034,9 +1084,9 @@ impl DotMatrix {
                 for (t, a) in acc.iter_mut().enumerate().take(tc) {
                     let (x, x2) = qx.chunk(t0 + t, c);
                     for (v, [a1, a2]) in a.iter_mut().enumerate().take(nr) {
-                        for (k, &xk) in x.iter().enumerate() {
-                            // Position k holds column xpos(k) (xpos is its own inverse).
-                            a1[lane(k)] += w[v][xpos(k)] as i64 * xk as i64;
+                        for m in 0..CHUNK {
+                            // Column m is at position xpos(m).
+                            a1[qx.lane1(c, m)] += w[v][m] as i64 * x[xpos(m)] as i64;
                         }
                         for (m, &xm) in x2.iter().enumerate() {
                             a2[lane2(m)] += w[v][m] as i64 * xm as i64;
@@ -1126,6 +1176,8 @@ mod avx2 {
         pub out_t_stride: usize,
         /// The activations are one row in the pair layout of the 512-bit decode (`QuantX::paired`).
         pub paired: bool,
+        /// `QuantX::qhl`.
+        pub xhl: *const i8,
     }
 
     /// # Safety

@@ -1,5 +1,5 @@
-//! Decode (one activation row) on 512-bit vectors: each instruction covers two chunks, so a
-//! row takes half the lookups, widenings and multiply-adds of the 256-bit variants.
+//! Decode (one activation row) on 512-bit vectors: each instruction covers two chunks, and
+//! every product is a `vpdpbusd` of the weight bytes as they come out of the lookup.
 //!
 //! The two chunks `A = 2p` and `B = 2p + 1` of a pair sit in the four 128-bit lanes as
 //! `[A 0–15 | B 0–15 | A 16–31 | B 16–31]` (by column). That order costs the lookup kinds
@@ -7,14 +7,21 @@
 //! picks low or high nibbles. [`QuantX`](super::QuantX) stores a decode row's activations in the
 //! matching order when this path is on (`paired`), so every load is a plain one.
 //!
-//! A 32-bit lane then sums the same columns of chunk `A` (or `B`) as the 256-bit kernels' lane
-//! does, lanes `0–3` and `4–7` of each chunk lying in 128-bit lanes `0, 2` (A) and `1, 3` (B).
-//! At the end of a block the halves of the pair are added (exact integer adds: the lane sums
-//! of a block fit in 32 bits, see `XBLOCK`) into the 256-bit kernels' eight lanes, and the
-//! block closes with their f32 step: the results equal the scalar reference bit for bit.
+//! The 16-bit plane goes in as two signed bytes, `q₁ = 256·h + l` (codes within ±32639 so that
+//! `h` fits): `vpdpbusd` multiplies the unsigned weight bytes by `h` and by `l`, four
+//! consecutive columns per 32-bit lane, and the lane sums combine as `256·Σh + Σl`, with no
+//! widening of the weights to 16 bits at all (3 multiply-adds per 64 weights and output for
+//! both planes, where widening took 2 unpacks, 2 `vpdpwssd` and a `vpdpbusd`). Every sum is
+//! exact in wrapping 32-bit arithmetic (the true lane sum of a block fits, see `XBLOCK`). In
+//! whole pairs the 16-bit plane's lanes are therefore `vpdpbusd`'s, not `pmaddwd`'s
+//! (`QuantX::lane1`); the scalar reference follows the same mapping and the same f32 steps, so
+//! the kernels equal it bit for bit, and the 256-bit kernels' results within the activations'
+//! two-plane bound.
 //!
-//! A last chunk without a partner (odd chunk count) goes through the 256-bit code, on the plain
-//! layout that `QuantX` keeps for it.
+//! Lanes `0–3` and `4–7` of each chunk lie in 128-bit lanes `0, 2` (A) and `1, 3` (B); at the
+//! end of a block the pair's halves are added into eight lanes and the block closes with the
+//! 256-bit kernels' f32 step. A last chunk without a partner (odd chunk count) goes through the
+//! 256-bit code, on the plain layout (and lanes) that `QuantX` keeps for it.
 
 use super::avx2::{
     chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, reduce, reduce8, tabs, Args, DecodeArgs, INT8X,
@@ -93,18 +100,17 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
     }
 }
 
-/// Both planes of one output for a pair: `acc[0] += Σ w·q₁` (16-bit plane, two 64-byte halves
-/// at `x`), `acc[1] += Σ w·q₂` (byte plane at `x2`). `vpdpwssd` adds the same pairs of
-/// products per lane as `pmaddwd`, and `vpdpbusd` the same four as `pmaddubsw` + `pmaddwd`,
-/// without saturating: the lanes are the 256-bit kernels' lanes.
+/// Both planes of one output for a pair, all through `vpdpbusd` (the unsigned weight bytes
+/// times signed bytes, four consecutive columns per lane): `acc[0] += Σ w·h` and
+/// `acc[1] += Σ w·l` for the 16-bit plane's bytes `q₁ = 256·h + l` at `xhl` (64 bytes each),
+/// `acc[2] += Σ w·q₂` at `x2`. Three instructions per 64 weights where widening to 16 bits
+/// took five.
 #[inline(always)]
-unsafe fn mac_pair<const P: usize>(acc: &mut [__m512i; 2], w: __m512i, x: *const __m512i, x2: *const __m512i) {
-    let z = _mm512_setzero_si512();
-    let (lo, hi) = (_mm512_unpacklo_epi8(w, z), _mm512_unpackhi_epi8(w, z));
-    let a0 = _mm512_dpwssd_epi32(acc[0], lo, _mm512_loadu_si512(x as *const _));
-    acc[0] = _mm512_dpwssd_epi32(a0, hi, _mm512_loadu_si512(x.add(1) as *const _));
+unsafe fn mac_pair<const P: usize>(acc: &mut [__m512i; 3], w: __m512i, xhl: *const i8, x2: *const __m512i) {
+    acc[0] = _mm512_dpbusd_epi32(acc[0], w, _mm512_loadu_si512(xhl as *const _));
+    acc[1] = _mm512_dpbusd_epi32(acc[1], w, _mm512_loadu_si512(xhl.add(64) as *const _));
     if P == 2 {
-        acc[1] = _mm512_dpbusd_epi32(acc[1], w, _mm512_loadu_si512(x2 as *const _));
+        acc[2] = _mm512_dpbusd_epi32(acc[2], w, _mm512_loadu_si512(x2 as *const _));
     }
 }
 
@@ -130,9 +136,10 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
     let mut c = 0usize;
     for b in 0..a.nblocks {
         let n = PER_BLOCK.min(a.nchunks - c);
-        let mut acc = [[[z; 2]; 2]; U];
+        let mut acc = [[[z; 3]; 2]; U];
         let row = a.row.add(r * a.row_bytes + c * cb);
-        let x = a.xq.add(c * CHUNK) as *const __m512i;
+        // Pair `i` of this block: its `h, l` bytes and its second-plane codes.
+        let xhl = a.xhl.add(c / 2 * 4 * CHUNK);
         let x2 = a.xq2.add(c * CHUNK) as *const __m512i;
         let np = n / 2;
         let mut i = 0;
@@ -142,7 +149,7 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
                 let w = weights2::<K>(p, tb);
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {
-                    mac_pair::<P>(&mut au[v], wv, x.add(2 * (i + u)), x2.add(i + u));
+                    mac_pair::<P>(&mut au[v], wv, xhl.add((i + u) * 4 * CHUNK), x2.add(i + u));
                 }
             }
             i += U;
@@ -152,18 +159,17 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
             let w = weights2::<K>(p, tb);
             for (v, &wv) in w.iter().enumerate().take(nw(K)) {
-                mac_pair::<P>(&mut acc[0][v], wv, x.add(2 * i), x2.add(i));
+                mac_pair::<P>(&mut acc[0][v], wv, xhl.add(i * 4 * CHUNK), x2.add(i));
             }
             i += 1;
         }
         let mut acc256 = [[[_mm256_setzero_si256(); 2]; 2]; 1];
         for v in 0..nw(K) {
-            for p in 0..P {
-                let mut sum = acc[0][v][p];
-                for au in &acc[1..] {
-                    sum = _mm512_add_epi32(sum, au[v][p]);
-                }
-                acc256[0][v][p] = fold(sum);
+            let sum = |p: usize| acc[1..].iter().fold(acc[0][v][p], |s, au| _mm512_add_epi32(s, au[v][p]));
+            // 256·Σ w·h + Σ w·l: wrapping adds, exact once the unsigned offset is taken out.
+            acc256[0][v][0] = fold(_mm512_add_epi32(_mm512_slli_epi32::<8>(sum(0)), sum(1)));
+            if P == 2 {
+                acc256[0][v][1] = fold(sum(2));
             }
         }
         if n % 2 == 1 {
