@@ -488,23 +488,27 @@ impl QuantX {
             assert!(t == 1, "one row");
             let pairs = cin_pad / (2 * CHUNK);
             self.qhl.resize(pairs * 4 * CHUNK, 0);
-            // Pair order: 16 columns of A, 16 of B, then A's and B's last 16.
-            let order = |k: usize| -> usize { (k / 16 % 2) * CHUNK + (k / 32) * 16 + k % 16 };
+            // Pair order: 16 columns of A, 16 of B, then A's and B's last 16, in runs of eight
+            // columns; the plain codes hold columns 0–7, 16–23, 8–15, 24–31 of each chunk (see
+            // `xpos`), so run r of the pair starts at position RUNS[r] of the pair's codes.
+            const RUNS: [usize; 8] = [0, 16, 32, 48, 8, 24, 40, 56];
             for (p, hl) in self.qhl.chunks_exact_mut(4 * CHUNK).enumerate() {
                 let qp = &self.q[p * 2 * CHUNK..][..2 * CHUNK];
-                for k in 0..2 * CHUNK {
-                    // Column `col` of the pair: chunk col / 32, stored at its xpos there.
-                    let col = order(k);
-                    let v = qp[col / CHUNK * CHUNK + xpos(col % CHUNK)] as i32;
-                    let h = (v + 128) >> 8;
-                    hl[k] = h as i8;
-                    hl[2 * CHUNK + k] = (v - 256 * h) as i8;
+                let (hs, ls) = hl.split_at_mut(2 * CHUNK);
+                for (r, &src) in RUNS.iter().enumerate() {
+                    let codes = &qp[src..src + 8];
+                    for ((h, l), &v) in hs[8 * r..8 * r + 8].iter_mut().zip(&mut ls[8 * r..8 * r + 8]).zip(codes) {
+                        let hv = (v as i32 + 128) >> 8;
+                        *h = hv as i8;
+                        *l = (v as i32 - 256 * hv) as i8;
+                    }
                 }
             }
+            // The second plane is in column order: its runs of 16 start at 0, 32, 16 and 48.
             for q2p in self.q2.chunks_exact_mut(2 * CHUNK).take(pairs) {
                 let b = <[i8; 64]>::try_from(&*q2p).expect("64");
-                for (k, v) in q2p.iter_mut().enumerate() {
-                    *v = b[order(k)];
+                for (r, src) in [0, 32, 16, 48].into_iter().enumerate() {
+                    q2p[16 * r..16 * r + 16].copy_from_slice(&b[src..src + 16]);
                 }
             }
         }
