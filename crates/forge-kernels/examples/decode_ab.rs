@@ -2,8 +2,9 @@
 //! interleaved in one process so that both see the same machine: for each format, rounds of
 //! `reps` calls alternate between the two layouts and the best round of each is reported.
 //!
-//! `cargo run --release -p forge-kernels --example decode_ab -- [COUTxCIN] [rounds]`
-//! (single-threaded; the rows are split across the pool's threads as in `forge`).
+//! `cargo run --release -p forge-kernels --example decode_ab -- [COUTxCIN] [rounds] [rows]`
+//! (`rows` activation rows, default 1: decode; 2–15 time the verify kernels; the matrix rows
+//! are split across the pool's threads as in `forge`, `RAYON_NUM_THREADS` sets them).
 
 use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
 use forge_kernels::lutmm::intdot::{self, matmul_many, DotMatrix, QuantX};
@@ -17,6 +18,7 @@ fn main() {
         .map(|(a, b)| (a.parse().expect("cout"), b.parse().expect("cin")))
         .unwrap_or((1536, 576));
     let rounds: usize = args.get(2).map(|s| s.parse().expect("rounds")).unwrap_or(15);
+    let t: usize = args.get(3).map(|s| s.parse().expect("rows")).unwrap_or(1);
     // Fixed seed: xorshift.
     let mut s = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
@@ -25,11 +27,11 @@ fn main() {
         s ^= s << 17;
         s
     };
-    let x: Vec<f32> = (0..cin).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    let x: Vec<f32> = (0..t * cin).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
     intdot::set_wide(false);
-    let plain = QuantX::new(&x, 1, cin);
+    let plain = QuantX::new(&x, t, cin);
     intdot::set_wide(true);
-    let paired = QuantX::new(&x, 1, cin);
+    let paired = QuantX::new(&x, t, cin);
     println!("{cout}x{cin}, {} thread(s), paired layout: {}", rayon::current_num_threads(), paired.paired);
     println!("{:8} {:>10} {:>10} {:>7}", "format", "256 GB/s", "512 GB/s", "ratio");
     for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
@@ -49,7 +51,7 @@ fn main() {
             DotMatrix::from_lut(&m).expect("integer codebook")
         };
         let bytes = d.packed_bytes() as f64;
-        let mut y = vec![0f32; cout];
+        let mut y = vec![0f32; t * cout];
         // About 0.1 s of work per round at 10 GB/s.
         let reps = ((1e9 / bytes) as usize).clamp(1, 10_000);
         let mut best = [f64::MAX; 2];

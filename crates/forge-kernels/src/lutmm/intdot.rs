@@ -334,15 +334,15 @@ impl QuantX {
     pub fn with_planes(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
         let mut q = QuantX::default();
         let simd = crate::simd::has_avx2_fma();
-        q.fill(x, t, cin, planes, simd, simd && t == 1 && wide());
+        q.fill(x, t, cin, planes, simd, simd && wide());
         q
     }
 
-    /// Quantize in the pair layout of the 512-bit decode (one row; tests).
+    /// Quantize in the pair layout of the 512-bit kernels (tests).
     #[cfg(test)]
-    pub(crate) fn paired(x: &[f32], cin: usize, planes: usize) -> QuantX {
+    pub(crate) fn paired(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
         let mut q = QuantX::default();
-        q.fill(x, 1, cin, planes, false, true);
+        q.fill(x, t, cin, planes, false, true);
         q
     }
 
@@ -357,7 +357,7 @@ impl QuantX {
     /// Quantize into this value's buffers (no allocation once they are large enough).
     pub fn requantize(&mut self, x: &[f32], t: usize, cin: usize) {
         let simd = crate::simd::has_avx2_fma();
-        self.fill(x, t, cin, PLANES.load(std::sync::atomic::Ordering::Relaxed), simd, simd && t == 1 && wide())
+        self.fill(x, t, cin, PLANES.load(std::sync::atomic::Ordering::Relaxed), simd, simd && wide())
     }
 
     /// The same through the portable code alone (the reference the AVX2 path must equal).
@@ -386,7 +386,6 @@ impl QuantX {
     }
 
     fn fill(&mut self, x: &[f32], t: usize, cin: usize, planes: usize, simd: bool, paired: bool) {
-        assert!(!paired || t == 1, "the pair layout holds one row");
         assert!(planes == 1 || planes == 2, "1 or 2 activation planes");
         assert_eq!(x.len(), t * cin, "x has {} values, expected {t}×{cin}", x.len());
         let cin_pad = cin.div_ceil(CHUNK) * CHUNK;
@@ -485,30 +484,33 @@ impl QuantX {
         self.paired = paired;
         self.qhl.clear();
         if paired {
-            assert!(t == 1, "one row");
             let pairs = cin_pad / (2 * CHUNK);
-            self.qhl.resize(pairs * 4 * CHUNK, 0);
+            self.qhl.resize(t * pairs * 4 * CHUNK, 0);
             // Pair order: 16 columns of A, 16 of B, then A's and B's last 16, in runs of eight
             // columns; the plain codes hold columns 0–7, 16–23, 8–15, 24–31 of each chunk (see
             // `xpos`), so run r of the pair starts at position RUNS[r] of the pair's codes.
             const RUNS: [usize; 8] = [0, 16, 32, 48, 8, 24, 40, 56];
-            for (p, hl) in self.qhl.chunks_exact_mut(4 * CHUNK).enumerate() {
-                let qp = &self.q[p * 2 * CHUNK..][..2 * CHUNK];
-                let (hs, ls) = hl.split_at_mut(2 * CHUNK);
-                for (r, &src) in RUNS.iter().enumerate() {
-                    let codes = &qp[src..src + 8];
-                    for ((h, l), &v) in hs[8 * r..8 * r + 8].iter_mut().zip(&mut ls[8 * r..8 * r + 8]).zip(codes) {
-                        let hv = (v as i32 + 128) >> 8;
-                        *h = hv as i8;
-                        *l = (v as i32 - 256 * hv) as i8;
+            for r in 0..t {
+                let hlr = &mut self.qhl[r * pairs * 4 * CHUNK..(r + 1) * pairs * 4 * CHUNK];
+                for (p, hl) in hlr.chunks_exact_mut(4 * CHUNK).enumerate() {
+                    let qp = &self.q[r * cin_pad + p * 2 * CHUNK..][..2 * CHUNK];
+                    let (hs, ls) = hl.split_at_mut(2 * CHUNK);
+                    for (k, &src) in RUNS.iter().enumerate() {
+                        let codes = &qp[src..src + 8];
+                        for ((h, l), &v) in hs[8 * k..8 * k + 8].iter_mut().zip(&mut ls[8 * k..8 * k + 8]).zip(codes) {
+                            let hv = (v as i32 + 128) >> 8;
+                            *h = hv as i8;
+                            *l = (v as i32 - 256 * hv) as i8;
+                        }
                     }
                 }
-            }
-            // The second plane is in column order: its runs of 16 start at 0, 32, 16 and 48.
-            for q2p in self.q2.chunks_exact_mut(2 * CHUNK).take(pairs) {
-                let b = <[i8; 64]>::try_from(&*q2p).expect("64");
-                for (r, src) in [0, 32, 16, 48].into_iter().enumerate() {
-                    q2p[16 * r..16 * r + 16].copy_from_slice(&b[src..src + 16]);
+                // The second plane is in column order: its runs of 16 start at 0, 32, 16, 48.
+                let q2r = &mut self.q2[r * cin_pad..(r + 1) * cin_pad];
+                for q2p in q2r.chunks_exact_mut(2 * CHUNK).take(pairs) {
+                    let b = <[i8; 64]>::try_from(&*q2p).expect("64");
+                    for (k, src) in [0, 32, 16, 48].into_iter().enumerate() {
+                        q2p[16 * k..16 * k + 16].copy_from_slice(&b[src..src + 16]);
+                    }
                 }
             }
         }
@@ -585,6 +587,14 @@ thread_local! {
 /// small L1 buffer and every activation row is dotted against it with FMA tiles of three
 /// activation rows by four weight rows. The activations then need no quantizing at all.
 pub const GEMM_MIN_T: usize = 16;
+
+/// Whether `t` activation rows go through the f32 path ([`gemm_many`]). (The 512-bit integer
+/// block kernel, which takes any number of rows, ran at 0.8× the f32 tiles at T = 64 on
+/// SmolLM2's shapes: quantizing the rows and closing each block per row and output cost more
+/// than its byte products saved.)
+pub fn f32_path(t: usize) -> bool {
+    t >= GEMM_MIN_T
+}
 
 /// `ys[i] = x Wᵢᵀ` for `t ≥` [`GEMM_MIN_T`] rows: parallel over groups of output rows, each
 /// decoded to f32 and multiplied straight into its columns of `ys[i]`.
@@ -977,7 +987,7 @@ impl DotMatrix {
         if t == 0 || self.cout == 0 {
             return;
         }
-        if simd && t >= GEMM_MIN_T {
+        if simd && f32_path(t) {
             return gemm_many(simd, &[self], x, t, &mut [y]);
         }
         with_quantized(x, t, self.cin, |qx| matmul_many(simd, &[self], qx, &mut [y]));
@@ -1152,8 +1162,8 @@ mod avx2 {
     pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
     /// How far ahead of the weight stream the decode kernels prefetch, bytes.
     pub(super) const PREFETCH: usize = 2048;
-    /// Most activation rows per call (prefill takes the f32 path).
-    const MAX_T: usize = super::GEMM_MIN_T - 1;
+    /// Most activation rows per kernel call (more are split).
+    pub(super) const MAX_T: usize = super::GEMM_MIN_T - 1;
 
     /// One kernel call: `n_rows` index rows from `row` (`row_bytes` apart), `t` activation rows.
     #[derive(Clone, Copy)]
@@ -1189,16 +1199,17 @@ mod avx2 {
     pub(super) unsafe fn rows(kind: Kind, a: &Args) {
         if a.paired {
             // SAFETY: activations are paired only where the CPU has the AVX-512 subsets
-            // (`QuantX::fill`), and only for one row.
+            // (`QuantX::fill`).
             return super::zmm::rows(kind, a);
         }
         if a.t > MAX_T {
-            // `block_rows` keeps MAX_T rows of lanes: split (only direct callers get here).
+            // `block_rows` keeps MAX_T rows of lanes: split.
             for t0 in (0..a.t).step_by(MAX_T) {
                 let part = Args {
                     t: MAX_T.min(a.t - t0),
                     xq: a.xq.add(t0 * a.cin_pad),
                     xq2: a.xq2.add(t0 * a.cin_pad),
+                    xhl: a.xhl.add(if a.paired { t0 * (a.nchunks / 2) * 4 * CHUNK } else { 0 }),
                     xs: a.xs.add(t0 * a.nblocks * 2),
                     corr: a.corr.add(t0 * a.nblocks * 2 * LANES),
                     out: a.out.add(t0 * a.out_t_stride),

@@ -202,7 +202,7 @@ pub fn matmul_shared(ms: &[&PackedMatrix], x: &[f32], t: usize, ys: &mut [&mut [
         let d = &dots[..ms.len()];
         assert_eq!(x.len(), t * d[0].cin, "x has {} values, expected {t}×{}", x.len(), d[0].cin);
         let simd = Backend::best() == Backend::Avx2;
-        if simd && t >= intdot::GEMM_MIN_T {
+        if simd && intdot::f32_path(t) {
             return intdot::gemm_many(simd, d, x, t, ys);
         }
         intdot::with_quantized(x, t, d[0].cin, |qx| intdot::matmul_many(simd, d, qx, ys))

@@ -24,8 +24,8 @@
 //! 256-bit code, on the plain layout (and lanes) that `QuantX` keeps for it.
 
 use super::avx2::{
-    chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, reduce, reduce8, tabs, Args, DecodeArgs, INT8X,
-    LUT4X, PER_BLOCK, PREFETCH, VEC16X, VEC64X,
+    chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, reduce, reduce8, tabs, Args, DecodeArgs, Tabs,
+    INT8X, LUT4X, PER_BLOCK, PREFETCH, VEC16X, VEC64X,
 };
 use super::{CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -228,6 +228,34 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
 /// As [`decode_rows`].
 pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
     use super::Kind;
+    if a.t > MAX_ROWS {
+        for t0 in (0..a.t).step_by(MAX_ROWS) {
+            let part = Args {
+                t: MAX_ROWS.min(a.t - t0),
+                xq: a.xq.add(t0 * a.cin_pad),
+                xq2: a.xq2.add(t0 * a.cin_pad),
+                xhl: a.xhl.add(t0 * (a.nchunks / 2) * 4 * CHUNK),
+                xs: a.xs.add(t0 * a.nblocks * 2),
+                corr: a.corr.add(t0 * a.nblocks * 2 * LANES),
+                out: a.out.add(t0 * a.out_t_stride),
+                ..*a
+            };
+            rows(kind, &part);
+        }
+        return;
+    }
+    if a.t > 1 {
+        return match (kind, a.planes) {
+            (Kind::Lut4, 2) => block_rows::<LUT4X, 2>(a),
+            (Kind::Lut4, _) => block_rows::<LUT4X, 1>(a),
+            (Kind::Vec2x16, 2) => block_rows::<VEC16X, 2>(a),
+            (Kind::Vec2x16, _) => block_rows::<VEC16X, 1>(a),
+            (Kind::Vec2x64, 2) => block_rows::<VEC64X, 2>(a),
+            (Kind::Vec2x64, _) => block_rows::<VEC64X, 1>(a),
+            (Kind::Int8, 2) => block_rows::<INT8X, 2>(a),
+            (Kind::Int8, _) => block_rows::<INT8X, 1>(a),
+        };
+    }
     match (kind, a.planes) {
         (Kind::Lut4, 2) => decode_rows::<LUT4X, 2>(a),
         (Kind::Lut4, _) => decode_rows::<LUT4X, 1>(a),
@@ -270,4 +298,110 @@ pub(super) unsafe fn decode_f32<const K: u8>(a: &DecodeArgs) {
         }
     }
     decode_f32_from::<K>(a, 2 * pairs);
+}
+
+/// Activation rows per call of [`block_rows`] (more are split): the weights of a group are looked
+/// up once per this many rows.
+const MAX_ROWS: usize = 64;
+
+/// Several activation rows (`2 ≤ t ≤ MAX_ROWS`, more split into such calls) in the pair layout:
+/// each block of a group of four output rows is looked up once into weight bytes (8 KiB, in
+/// L1), then every activation row streams past it, each pair taking one load per plane and
+/// three `vpdpbusd` per output.
+///
+/// # Safety
+/// As [`decode_rows`], with `a.t ≤ MAX_ROWS`.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+pub(super) unsafe fn block_rows<const K: u8, const P: usize>(a: &Args) {
+    let tb = tabs512(K, a.tables, true);
+    let tb256 = tabs(K, a.tables, true);
+    let per_group = 4 / nw(K);
+    let mut r = 0;
+    while r < a.n_rows {
+        let n = per_group.min(a.n_rows - r);
+        match n * nw(K) {
+            4 => block_group::<K, P, 4>(a, &tb, &tb256, r),
+            3 => block_group::<K, P, 3>(a, &tb, &tb256, r),
+            2 => block_group::<K, P, 2>(a, &tb, &tb256, r),
+            _ => block_group::<K, P, 1>(a, &tb, &tb256, r),
+        }
+        r += n;
+    }
+}
+
+/// `NO` output rows from index row `r0` on, for every activation row.
+#[allow(clippy::needless_range_loop)] // outputs and their index rows are counted together
+#[inline(always)]
+unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb: &Tabs512, tb256: &Tabs, r0: usize) {
+    const PAIRS: usize = PER_BLOCK / 2;
+    let cb = chunk_bytes(K);
+    let z = _mm512_setzero_si512();
+    let o0 = r0 * nw(K);
+    let row_hl = a.nchunks / 2 * 4 * CHUNK;
+    let mut wbuf = [z; 4 * PAIRS];
+    let mut lanes = [[_mm256_setzero_ps(); NO]; MAX_ROWS];
+    let mut c0 = 0usize;
+    for b in 0..a.nblocks {
+        let nc = (c0 + PER_BLOCK).min(a.nchunks) - c0;
+        let np = nc / 2;
+        for i in 0..NO.div_ceil(nw(K)) {
+            let row = a.row.add((r0 + i) * a.row_bytes + c0 * cb);
+            for q in 0..np {
+                let w = weights2::<K>(row.add(2 * q * cb), tb);
+                for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                    let o = i * nw(K) + v;
+                    if o < NO {
+                        wbuf[o * PAIRS + q] = wv;
+                    }
+                }
+            }
+        }
+        for (t, lt) in lanes.iter_mut().enumerate().take(a.t) {
+            let mut acc = [[z; 3]; NO];
+            let xhl = a.xhl.add(t * row_hl + c0 / 2 * 4 * CHUNK);
+            let x2 = a.xq2.add(t * a.cin_pad + c0 * CHUNK) as *const __m512i;
+            for q in 0..np {
+                let h = _mm512_loadu_si512(xhl.add(q * 4 * CHUNK) as *const _);
+                let l = _mm512_loadu_si512(xhl.add(q * 4 * CHUNK + 2 * CHUNK) as *const _);
+                let x2v = if P == 2 { _mm512_loadu_si512(x2.add(q) as *const _) } else { z };
+                for (o, ao) in acc.iter_mut().enumerate() {
+                    let w = wbuf[o * PAIRS + q];
+                    ao[0] = _mm512_dpbusd_epi32(ao[0], w, h);
+                    ao[1] = _mm512_dpbusd_epi32(ao[1], w, l);
+                    if P == 2 {
+                        ao[2] = _mm512_dpbusd_epi32(ao[2], w, x2v);
+                    }
+                }
+            }
+            let blk = (t * a.nblocks + b) * 2;
+            for i in 0..NO.div_ceil(nw(K)) {
+                let mut acc256 = [[[_mm256_setzero_si256(); 2]; 2]; 1];
+                for v in 0..nw(K) {
+                    let o = i * nw(K) + v;
+                    if o < NO {
+                        acc256[0][v][0] = fold(_mm512_add_epi32(_mm512_slli_epi32::<8>(acc[o][0]), acc[o][1]));
+                        acc256[0][v][1] = fold(acc[o][2]);
+                    }
+                }
+                if nc % 2 == 1 {
+                    // The last chunk of the row, unpaired, in the plain layout.
+                    chunks_in_registers::<K, P, 1>(a, tb256, r0 + i, t, c0 + nc - 1, 1, &mut acc256);
+                }
+                for v in 0..nw(K) {
+                    let o = i * nw(K) + v;
+                    if o < NO {
+                        for (p, &ap) in acc256[0][v].iter().enumerate().take(P) {
+                            lt[o] = close_block(lt[o], ap, a.corr.add((blk + p) * LANES), a.xs.add(blk + p));
+                        }
+                    }
+                }
+            }
+        }
+        c0 += nc;
+    }
+    for (t, lt) in lanes.iter().enumerate().take(a.t) {
+        for (o, &l) in lt.iter().enumerate() {
+            *a.out.add(t * a.out_t_stride + o0 + o) = reduce(l) * *a.scale.add(o0 + o);
+        }
+    }
 }
