@@ -1194,6 +1194,25 @@ mod avx2 {
         pub xhl: *const i8,
     }
 
+    impl Args {
+        /// The same call for activation rows `t0..t0 + t` alone.
+        ///
+        /// # Safety
+        /// `t0 + t` within this call's rows.
+        pub(super) unsafe fn rows_from(&self, t0: usize, t: usize) -> Args {
+            Args {
+                t,
+                xq: self.xq.add(t0 * self.cin_pad),
+                xq2: self.xq2.add(t0 * self.cin_pad),
+                xhl: self.xhl.add(if self.paired { t0 * (self.nchunks / 2) * 4 * CHUNK } else { 0 }),
+                xs: self.xs.add(t0 * self.nblocks * 2),
+                corr: self.corr.add(t0 * self.nblocks * 2 * LANES),
+                out: self.out.add(t0 * self.out_t_stride),
+                ..*self
+            }
+        }
+    }
+
     /// # Safety
     /// AVX2 must be available and `a` describe valid buffers (see `DotMatrix::rows`).
     pub(super) unsafe fn rows(kind: Kind, a: &Args) {
@@ -1205,17 +1224,7 @@ mod avx2 {
         if a.t > MAX_T {
             // `block_rows` keeps MAX_T rows of lanes: split.
             for t0 in (0..a.t).step_by(MAX_T) {
-                let part = Args {
-                    t: MAX_T.min(a.t - t0),
-                    xq: a.xq.add(t0 * a.cin_pad),
-                    xq2: a.xq2.add(t0 * a.cin_pad),
-                    xhl: a.xhl.add(if a.paired { t0 * (a.nchunks / 2) * 4 * CHUNK } else { 0 }),
-                    xs: a.xs.add(t0 * a.nblocks * 2),
-                    corr: a.corr.add(t0 * a.nblocks * 2 * LANES),
-                    out: a.out.add(t0 * a.out_t_stride),
-                    ..*a
-                };
-                rows(kind, &part);
+                rows(kind, &a.rows_from(t0, MAX_T.min(a.t - t0)));
             }
             return;
         }

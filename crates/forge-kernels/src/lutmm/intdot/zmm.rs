@@ -230,41 +230,28 @@ pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
     use super::Kind;
     if a.t > MAX_ROWS {
         for t0 in (0..a.t).step_by(MAX_ROWS) {
-            let part = Args {
-                t: MAX_ROWS.min(a.t - t0),
-                xq: a.xq.add(t0 * a.cin_pad),
-                xq2: a.xq2.add(t0 * a.cin_pad),
-                xhl: a.xhl.add(t0 * (a.nchunks / 2) * 4 * CHUNK),
-                xs: a.xs.add(t0 * a.nblocks * 2),
-                corr: a.corr.add(t0 * a.nblocks * 2 * LANES),
-                out: a.out.add(t0 * a.out_t_stride),
-                ..*a
-            };
-            rows(kind, &part);
+            rows(kind, &a.rows_from(t0, MAX_ROWS.min(a.t - t0)));
         }
         return;
     }
-    if a.t > 1 {
-        return match (kind, a.planes) {
-            (Kind::Lut4, 2) => block_rows::<LUT4X, 2>(a),
-            (Kind::Lut4, _) => block_rows::<LUT4X, 1>(a),
-            (Kind::Vec2x16, 2) => block_rows::<VEC16X, 2>(a),
-            (Kind::Vec2x16, _) => block_rows::<VEC16X, 1>(a),
-            (Kind::Vec2x64, 2) => block_rows::<VEC64X, 2>(a),
-            (Kind::Vec2x64, _) => block_rows::<VEC64X, 1>(a),
-            (Kind::Int8, 2) => block_rows::<INT8X, 2>(a),
-            (Kind::Int8, _) => block_rows::<INT8X, 1>(a),
+    macro_rules! by_kind {
+        ($f:ident) => {
+            match (kind, a.planes) {
+                (Kind::Lut4, 2) => $f::<LUT4X, 2>(a),
+                (Kind::Lut4, _) => $f::<LUT4X, 1>(a),
+                (Kind::Vec2x16, 2) => $f::<VEC16X, 2>(a),
+                (Kind::Vec2x16, _) => $f::<VEC16X, 1>(a),
+                (Kind::Vec2x64, 2) => $f::<VEC64X, 2>(a),
+                (Kind::Vec2x64, _) => $f::<VEC64X, 1>(a),
+                (Kind::Int8, 2) => $f::<INT8X, 2>(a),
+                (Kind::Int8, _) => $f::<INT8X, 1>(a),
+            }
         };
     }
-    match (kind, a.planes) {
-        (Kind::Lut4, 2) => decode_rows::<LUT4X, 2>(a),
-        (Kind::Lut4, _) => decode_rows::<LUT4X, 1>(a),
-        (Kind::Vec2x16, 2) => decode_rows::<VEC16X, 2>(a),
-        (Kind::Vec2x16, _) => decode_rows::<VEC16X, 1>(a),
-        (Kind::Vec2x64, 2) => decode_rows::<VEC64X, 2>(a),
-        (Kind::Vec2x64, _) => decode_rows::<VEC64X, 1>(a),
-        (Kind::Int8, 2) => decode_rows::<INT8X, 2>(a),
-        (Kind::Int8, _) => decode_rows::<INT8X, 1>(a),
+    if a.t > 1 {
+        by_kind!(block_rows)
+    } else {
+        by_kind!(decode_rows)
     }
 }
 
