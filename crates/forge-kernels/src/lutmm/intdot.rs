@@ -609,32 +609,59 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
     if simd && avx512_f32() {
         return gemm_many_cols(ms, x, t, ys);
     }
+    // Rows decoded together: about 16 KiB of f32 (stays in L1 while every activation row
+    // streams past it), a multiple of 4 (the tile width, and whole row pairs).
+    let rows = |cin: usize| ((4096 / cin.max(1)) & !3).clamp(4, 64);
+    for_decoded_groups(simd, ms, ys, rows, |m, w, g, out| {
+        // SAFETY: `x` is t×cin, the decoded rows g×cin, and `out` the destination columns of
+        // these rows in the t×cout output (row stride cout), which no other task writes.
+        unsafe { dot_rows(simd, x, t, m.cin, w, g, out, m.cout) }
+    });
+}
+
+/// Decodes the rows of each matrix in groups of `rows(cin)` (whole row pairs) and hands every
+/// group to `body(matrix, decoded rows, row count, its first output column in ys)`: in parallel,
+/// at least two tasks per worker, each worker's decoded rows in a kept buffer (a fresh one per
+/// task cost page faults and zeroing).
+fn for_decoded_groups(
+    simd: bool,
+    ms: &[&DotMatrix],
+    ys: &mut [&mut [f32]],
+    rows: impl Fn(usize) -> usize,
+    body: impl Fn(&DotMatrix, &[f32], usize, *mut f32) + Sync,
+) {
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     let mut tasks = Vec::new();
     for (i, m) in ms.iter().enumerate() {
-        // Rows decoded together: about 16 KiB of f32 (stays in L1 while every activation row
-        // streams past it), a multiple of 4 (the tile width, and whole row pairs).
-        let rows = ((4096 / m.cin.max(1)) & !3).clamp(4, 64);
-        // Tasks of a few such groups, at least 2 per worker.
+        let rows = rows(m.cin);
         let per = (m.cout.div_ceil(2 * rayon::current_num_threads()).div_ceil(rows) * rows).clamp(rows, 32 * rows);
         for r0 in (0..m.cout).step_by(per) {
             tasks.push((i, r0, per.min(m.cout - r0), rows));
         }
     }
-    tasks.into_par_iter().for_each_init(Vec::new, |buf: &mut Vec<f32>, (i, r0, n, rows)| {
+    let outs = &outs;
+    tasks.into_par_iter().for_each(|(i, r0, n, rows)| {
         let m = ms[i];
-        if buf.len() < rows * m.cin {
-            buf.resize(rows * m.cin, 0.0);
-        }
-        for g0 in (r0..r0 + n).step_by(rows) {
-            let g = rows.min(r0 + n - g0);
-            // The decode overwrites the rows it returns: no zeroing.
-            m.decode_rows_with(simd, g0, g, &mut buf[..g * m.cin]);
-            // SAFETY: `x` is t×cin, the decoded rows g×cin, and the destination columns
-            // g0..g0+g of the t×cout output (row stride cout), which no other task writes.
-            unsafe { dot_rows(simd, x, t, m.cin, &buf[..g * m.cin], g, outs[i].0.add(g0), m.cout) }
-        }
+        crate::scratch::with_kept(&DECODED, |buf: &mut Vec<f32>| {
+            if buf.len() < rows * m.cin {
+                let before = 4 * buf.capacity();
+                buf.resize(rows * m.cin, 0.0);
+                crate::scratch::note_held(before, 4 * buf.capacity());
+            }
+            for g0 in (r0..r0 + n).step_by(rows) {
+                let g = rows.min(r0 + n - g0);
+                // The decode overwrites the rows it returns: no zeroing.
+                m.decode_rows_with(simd, g0, g, &mut buf[..g * m.cin]);
+                // (In bounds: g0 < cout, and `ys[i]` holds t × cout values.)
+                body(m, &buf[..g * m.cin], g, outs[i].0.wrapping_add(g0));
+            }
+        })
     });
+}
+
+thread_local! {
+    /// A worker's decoded weight rows in [`for_decoded_groups`], kept for the buffer.
+    static DECODED: std::cell::RefCell<Option<Vec<f32>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// [`gemm_many`] on AVX-512: the activations are transposed once per call (`cin × tp`, zero
@@ -672,43 +699,15 @@ thread_local! {
 
 #[cfg(target_arch = "x86_64")]
 fn gemm_cols(ms: &[&DotMatrix], xt: &[f32], tp: usize, t: usize, ys: &mut [&mut [f32]]) {
-    let cin = ms[0].cin;
-    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
-    let mut tasks = Vec::new();
-    for (i, m) in ms.iter().enumerate() {
-        // Rows decoded together: whole tiles (and row pairs), about 48 KiB of f32, so the
-        // tile's weight rows stay near while all activation rows stream past them.
-        let rows = ((12_288 / cin.max(1)) / avx512::NJ * avx512::NJ).clamp(avx512::NJ, 8 * avx512::NJ);
-        let per = (m.cout.div_ceil(2 * rayon::current_num_threads()).div_ceil(rows) * rows).clamp(rows, 32 * rows);
-        for r0 in (0..m.cout).step_by(per) {
-            tasks.push((i, r0, per.min(m.cout - r0), rows));
-        }
-    }
-    tasks.into_par_iter().for_each(|(i, r0, n, rows)| {
-        let m = ms[i];
-        // Each worker's decoded rows live in a kept buffer: a fresh one per task cost page
-        // faults and zeroing.
-        crate::scratch::with_kept(&DECODED, |buf: &mut Vec<f32>| {
-            if buf.len() < rows * cin {
-                let before = 4 * buf.capacity();
-                buf.resize(rows * cin, 0.0);
-                crate::scratch::note_held(before, 4 * buf.capacity());
-            }
-            for g0 in (r0..r0 + n).step_by(rows) {
-                let g = rows.min(r0 + n - g0);
-                m.decode_rows_with(true, g0, g, &mut buf[..g * cin]);
-                // SAFETY: AVX-512 F present (checked by the caller); `xt` is cin×tp, the
-                // decoded rows g×cin, and the destination columns g0..g0+g of the t×cout
-                // output, which no other task writes.
-                unsafe { avx512::dot_cols(xt.as_ptr(), tp, t, cin, buf.as_ptr(), g, outs[i].0.add(g0), m.cout) }
-            }
-        })
+    // Rows decoded together: whole tiles (and row pairs), about 48 KiB of f32, so the tile's
+    // weight rows stay near while all activation rows stream past them.
+    let rows = |cin: usize| ((12_288 / cin.max(1)) / avx512::NJ * avx512::NJ).clamp(avx512::NJ, 8 * avx512::NJ);
+    for_decoded_groups(true, ms, ys, rows, |m, w, g, out| {
+        // SAFETY: AVX-512 F present (checked by the caller); `xt` is cin×tp, the decoded rows
+        // g×cin, and `out` the destination columns of these rows in the t×cout output, which
+        // no other task writes.
+        unsafe { avx512::dot_cols(xt.as_ptr(), tp, t, m.cin, w.as_ptr(), g, out, m.cout) }
     });
-}
-
-thread_local! {
-    /// A worker's decoded weight rows in [`gemm_cols`], kept for the buffer.
-    static DECODED: std::cell::RefCell<Option<Vec<f32>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// `out[i·stride + j] = Σₖ x[i·cin + k] · w[j·cin + k]` for `i < t`, `j < n`: activations
@@ -1228,44 +1227,33 @@ mod avx2 {
             }
             return;
         }
+        // The kernel for a kind, each entry in its AVX2 or AVX-512 build.
         macro_rules! go {
-            ($k:expr) => {
+            ($k:expr, $decode:ident, $pass:ident, $block:ident) => {
                 match (a.t, a.planes, nw($k) == 1) {
-                    (1, 2, _) => decode_rows::<$k, 2>(a),
-                    (1, _, _) => decode_rows::<$k, 1>(a),
-                    (_, 2, true) => pass_rows::<$k, 2>(a),
-                    (_, _, true) => pass_rows::<$k, 1>(a),
-                    (_, 2, false) => block_rows::<$k, 2>(a),
-                    _ => block_rows::<$k, 1>(a),
+                    (1, 2, _) => $decode::<$k, 2>(a),
+                    (1, _, _) => $decode::<$k, 1>(a),
+                    (_, 2, true) => $pass::<$k, 2>(a),
+                    (_, _, true) => $pass::<$k, 1>(a),
+                    (_, 2, false) => $block::<$k, 2>(a),
+                    _ => $block::<$k, 1>(a),
                 }
             };
         }
         if super::avx512() {
-            macro_rules! go512 {
-                ($k:expr) => {
-                    match (a.t, a.planes, nw($k) == 1) {
-                        (1, 2, _) => decode_rows_x512::<$k, 2>(a),
-                        (1, _, _) => decode_rows_x512::<$k, 1>(a),
-                        (_, 2, true) => pass_rows_x512::<$k, 2>(a),
-                        (_, _, true) => pass_rows_x512::<$k, 1>(a),
-                        (_, 2, false) => block_rows_x512::<$k, 2>(a),
-                        _ => block_rows_x512::<$k, 1>(a),
-                    }
-                };
-            }
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
             return match kind {
-                Kind::Lut4 => go512!(LUT4X),
-                Kind::Vec2x16 => go512!(VEC16X),
-                Kind::Vec2x64 => go512!(VEC64X),
-                Kind::Int8 => go512!(INT8X),
+                Kind::Lut4 => go!(LUT4X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Vec2x16 => go!(VEC16X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Vec2x64 => go!(VEC64X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Int8 => go!(INT8X, decode_rows_x512, pass_rows_x512, block_rows_x512),
             };
         }
         match kind {
-            Kind::Lut4 => go!(LUT4),
-            Kind::Vec2x16 => go!(VEC16),
-            Kind::Vec2x64 => go!(VEC64),
-            Kind::Int8 => go!(INT8),
+            Kind::Lut4 => go!(LUT4, decode_rows, pass_rows, block_rows),
+            Kind::Vec2x16 => go!(VEC16, decode_rows, pass_rows, block_rows),
+            Kind::Vec2x64 => go!(VEC64, decode_rows, pass_rows, block_rows),
+            Kind::Int8 => go!(INT8, decode_rows, pass_rows, block_rows),
         }
     }
 

@@ -122,6 +122,13 @@ unsafe fn fold(acc: __m512i) -> __m256i {
     _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
 }
 
+/// A pair's `h, l, q₂` sums as the two planes' eight lanes: `256·Σ w·h + Σ w·l` (wrapping
+/// adds, exact once the unsigned offset is taken out) and `Σ w·q₂`, each folded.
+#[inline(always)]
+unsafe fn planes(acc: [__m512i; 3]) -> [__m256i; 2] {
+    [fold(_mm512_add_epi32(_mm512_slli_epi32::<8>(acc[0]), acc[1])), fold(acc[2])]
+}
+
 /// The f32 lanes of index row `r` (one activation row, paired layout), per output.
 #[inline(always)]
 unsafe fn row_lanes<const K: u8, const P: usize>(
@@ -166,11 +173,7 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
         let mut acc256 = [[[_mm256_setzero_si256(); 2]; 2]; 1];
         for v in 0..nw(K) {
             let sum = |p: usize| acc[1..].iter().fold(acc[0][v][p], |s, au| _mm512_add_epi32(s, au[v][p]));
-            // 256·Σ w·h + Σ w·l: wrapping adds, exact once the unsigned offset is taken out.
-            acc256[0][v][0] = fold(_mm512_add_epi32(_mm512_slli_epi32::<8>(sum(0)), sum(1)));
-            if P == 2 {
-                acc256[0][v][1] = fold(sum(2));
-            }
+            acc256[0][v] = planes([sum(0), sum(1), sum(2)]);
         }
         if n % 2 == 1 {
             // The last chunk of the row, unpaired, in the plain layout.
@@ -366,8 +369,7 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
                 for v in 0..nw(K) {
                     let o = i * nw(K) + v;
                     if o < NO {
-                        acc256[0][v][0] = fold(_mm512_add_epi32(_mm512_slli_epi32::<8>(acc[o][0]), acc[o][1]));
-                        acc256[0][v][1] = fold(acc[o][2]);
+                        acc256[0][v] = planes(acc[o]);
                     }
                 }
                 if nc % 2 == 1 {
