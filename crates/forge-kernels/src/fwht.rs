@@ -8,8 +8,6 @@
 //! Every fast path produces exactly the same bits as the portable butterflies (each output is the same sequence of
 //! f32 additions/subtractions); tests compare both against the O(n²) definition.
 
-use rayon::prelude::*;
-
 /// `H[i][j]` of the Sylvester Hadamard matrix of any power-of-two order containing `(i, j)`.
 #[inline]
 pub fn hadamard_entry(i: usize, j: usize) -> f32 {
@@ -155,8 +153,8 @@ pub fn fwht_rows(x: &mut [f32], dim: usize, block: usize, normalize: bool) {
         }
     };
     if x.len() >= PAR_MIN_ELEMS && x.len() > dim {
-        let rows_per_task = (PAR_MIN_ELEMS / dim).max(1);
-        x.par_chunks_mut(rows_per_task * dim).for_each(|chunk| chunk.chunks_exact_mut(dim).for_each(one));
+        let per = (x.len() / dim).div_ceil(2 * rayon::current_num_threads());
+        crate::team::par_chunks_mut(x, per * dim, &|_, chunk| chunk.chunks_exact_mut(dim).for_each(one));
     } else {
         x.chunks_exact_mut(dim).for_each(one);
     }

@@ -14,6 +14,7 @@ pub mod rotation;
 pub mod scratch;
 pub mod simd;
 pub mod team;
+pub mod transpose;
 
 /// Deterministic test data shared by the kernel tests.
 #[cfg(test)]

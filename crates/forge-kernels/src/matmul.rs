@@ -6,7 +6,6 @@
 //! BF16/F16 blocks widened to f32 first.
 
 use forge_core::tensor::FloatSlice;
-use rayon::prelude::*;
 
 /// Weight rows per parallel task.
 const ROW_BLOCK: usize = 64;
@@ -101,28 +100,25 @@ fn gemm_path(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
     // Blocks of weight rows; each task produces a [t × block] tile, scattered into y after.
     const BLOCK: usize = 256;
     let n_blocks = n_out.div_ceil(BLOCK);
-    let tiles: Vec<Vec<f32>> = (0..n_blocks)
-        .into_par_iter()
-        .map(|b| {
-            let r0 = b * BLOCK;
-            let rows = BLOCK.min(n_out - r0);
-            let mut wbuf = Vec::new();
-            let wb: &[f32] = match w.borrowed(r0, rows) {
-                Some(s) => s,
-                None => {
-                    wbuf.resize(rows * n_in, 0.0);
-                    w.decode(r0, rows, &mut wbuf);
-                    &wbuf
-                }
-            };
-            let mut tile = vec![0f32; t * rows];
-            gemm_f32(x, t, wb, rows, n_in, &mut tile);
-            tile
-        })
-        .collect();
-    for (b, tile) in tiles.iter().enumerate() {
+    // One tile of t × BLOCK per task, through the spinning team when one runs.
+    let mut tiles = vec![0f32; n_blocks * t * BLOCK];
+    crate::team::par_chunks_mut(&mut tiles, t * BLOCK, &|b, tile| {
         let r0 = b * BLOCK;
-        let rows = tile.len() / t;
+        let rows = BLOCK.min(n_out - r0);
+        let mut wbuf = Vec::new();
+        let wb: &[f32] = match w.borrowed(r0, rows) {
+            Some(s) => s,
+            None => {
+                wbuf.resize(rows * n_in, 0.0);
+                w.decode(r0, rows, &mut wbuf);
+                &wbuf
+            }
+        };
+        gemm_f32(x, t, wb, rows, n_in, &mut tile[..t * rows]);
+    });
+    for (b, tile) in tiles.chunks(t * BLOCK).enumerate() {
+        let r0 = b * BLOCK;
+        let rows = BLOCK.min(n_out - r0);
         for tt in 0..t {
             y[tt * n_out + r0..tt * n_out + r0 + rows].copy_from_slice(&tile[tt * rows..(tt + 1) * rows]);
         }

@@ -16,7 +16,6 @@
 
 use crate::fwht::{fwht_blocks, hadamard_entry};
 use anyhow::{bail, Result};
-use rayon::prelude::*;
 
 use crate::numpy_rng::rotation_signs;
 
@@ -84,8 +83,10 @@ impl Rotation {
 
     fn for_each_row(&self, x: &mut [f32], f: impl Fn(&mut [f32]) + Sync) {
         if x.len() >= PAR_MIN_ELEMS && x.len() > self.dim {
-            let rows_per_task = (PAR_MIN_ELEMS / self.dim).max(1);
-            x.par_chunks_mut(rows_per_task * self.dim).for_each(|c| c.chunks_exact_mut(self.dim).for_each(&f));
+            // Two even tasks per worker, through the spinning team when one is running.
+            let rows = x.len() / self.dim;
+            let per = rows.div_ceil(2 * rayon::current_num_threads());
+            crate::team::par_chunks_mut(x, per * self.dim, &|_, c| c.chunks_exact_mut(self.dim).for_each(&f));
         } else {
             x.chunks_exact_mut(self.dim).for_each(f);
         }

@@ -261,12 +261,10 @@ impl Model {
     }
 
     fn forward_here(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
-        // Decode and verify make many small parallel calls: keep the other workers spinning
-        // for them (`forge_kernels::team`). Prefill's few large calls stay with rayon.
-        if tokens.len() < forge_kernels::lutmm::intdot::GEMM_MIN_T {
-            return with_team(|| self.forward_rows(s, tokens, want, out));
-        }
-        self.forward_rows(s, tokens, want, out)
+        // Every forward pass makes many parallel calls, a few µs (decode) to a few hundred
+        // (prefill) each: the other workers spin between them (`forge_kernels::team`) instead of
+        // falling asleep in rayon and being woken for each.
+        with_team(|| self.forward_rows(s, tokens, want, out))
     }
 
     fn forward_rows(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {

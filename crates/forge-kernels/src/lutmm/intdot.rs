@@ -612,23 +612,25 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
     // Rows decoded together: about 16 KiB of f32 (stays in L1 while every activation row
     // streams past it), a multiple of 4 (the tile width, and whole row pairs).
     let rows = |cin: usize| ((4096 / cin.max(1)) & !3).clamp(4, 64);
-    for_decoded_groups(simd, ms, ys, rows, |m, w, g, out| {
+    for_row_groups(ms, ys, rows, |m, g0, g, out, buf| {
+        let w = &mut buf[..g * m.cin];
+        // The decode overwrites the rows it returns: no zeroing.
+        m.decode_rows_with(simd, g0, g, w);
         // SAFETY: `x` is t×cin, the decoded rows g×cin, and `out` the destination columns of
         // these rows in the t×cout output (row stride cout), which no other task writes.
         unsafe { dot_rows(simd, x, t, m.cin, w, g, out, m.cout) }
     });
 }
 
-/// Decodes the rows of each matrix in groups of `rows(cin)` (whole row pairs) and hands every
-/// group to `body(matrix, decoded rows, row count, its first output column in ys)`: in parallel,
-/// at least two tasks per worker, each worker's decoded rows in a kept buffer (a fresh one per
-/// task cost page faults and zeroing).
-fn for_decoded_groups(
-    simd: bool,
+/// Splits the rows of each matrix into groups of `rows(cin)` (whole row pairs) and calls
+/// `body(matrix, first row, row count, its first output column in ys, buffer)` for each: in
+/// parallel, at least two tasks per worker, with a kept buffer of at least `rows · cin` values
+/// per worker for the decoded weights (a fresh one per task cost page faults and zeroing).
+fn for_row_groups(
     ms: &[&DotMatrix],
     ys: &mut [&mut [f32]],
     rows: impl Fn(usize) -> usize,
-    body: impl Fn(&DotMatrix, &[f32], usize, *mut f32) + Sync,
+    body: impl Fn(&DotMatrix, usize, usize, *mut f32, &mut [f32]) + Sync,
 ) {
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     let mut tasks = Vec::new();
@@ -639,8 +641,11 @@ fn for_decoded_groups(
             tasks.push((i, r0, per.min(m.cout - r0), rows));
         }
     }
-    let outs = &outs;
-    tasks.into_par_iter().for_each(|(i, r0, n, rows)| {
+    let (outs, tasks) = (&outs, &tasks);
+    // Through the spinning team when one runs (a prefill makes a few hundred of these calls),
+    // else rayon; tasks are claimed one at a time either way.
+    crate::team::parallel_for(tasks.len(), &|ti| {
+        let (i, r0, n, rows) = tasks[ti];
         let m = ms[i];
         crate::scratch::with_kept(&DECODED, |buf: &mut Vec<f32>| {
             if buf.len() < rows * m.cin {
@@ -649,45 +654,39 @@ fn for_decoded_groups(
                 crate::scratch::note_held(before, 4 * buf.capacity());
             }
             for g0 in (r0..r0 + n).step_by(rows) {
-                let g = rows.min(r0 + n - g0);
-                // The decode overwrites the rows it returns: no zeroing.
-                m.decode_rows_with(simd, g0, g, &mut buf[..g * m.cin]);
                 // (In bounds: g0 < cout, and `ys[i]` holds t × cout values.)
-                body(m, &buf[..g * m.cin], g, outs[i].0.wrapping_add(g0));
+                body(m, g0, rows.min(r0 + n - g0), outs[i].0.wrapping_add(g0), buf);
             }
         })
     });
 }
 
 thread_local! {
-    /// A worker's decoded weight rows in [`for_decoded_groups`], kept for the buffer.
+    /// A worker's decoded weight rows in [`for_row_groups`], kept for the buffer.
     static DECODED: std::cell::RefCell<Option<Vec<f32>>> = const { std::cell::RefCell::new(None) };
 }
 
-/// [`gemm_many`] on AVX-512: the activations are transposed once per call (`cin × tp`, zero
-/// rows past `t`), and each group of decoded weight rows goes through outer-product tiles
-/// ([`avx512::dot_cols`]) that broadcast one weight against up to 64 activation rows.
+/// [`gemm_many`] on AVX-512: the activations are transposed once per call (`cin × tp`), and
+/// groups of weight rows go through outer-product tiles ([`avx512::dot_cols`]) that broadcast
+/// one weight against up to 64 activation rows; each tile's weight rows are decoded just before
+/// it (into L1), and a group's sums come out transposed and are turned back in one pass.
 #[cfg(target_arch = "x86_64")]
 fn gemm_many_cols(ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&mut [f32]]) {
     let cin = ms[0].cin;
     assert!(ms.iter().all(|m| m.cin == cin), "matrices sharing an input have one width");
     let tp = t.div_ceil(64) * 64;
     crate::scratch::with_kept(&XT, |xt: &mut Vec<f32>| {
-        let before = 4 * xt.capacity();
-        xt.clear();
-        xt.resize(cin * tp, 0.0);
-        crate::scratch::note_held(before, 4 * xt.capacity());
-        // Sixteen rows at a time: each k writes one 64-byte run, the reads are sixteen
-        // sequential streams.
-        for i0 in (0..t).step_by(16) {
-            let rows = &x[i0 * cin..(i0 + 16).min(t) * cin];
-            for k in 0..cin {
-                let col = &mut xt[k * tp + i0..][..rows.len() / cin];
-                for (c, xr) in col.iter_mut().zip(rows.chunks_exact(cin)) {
-                    *c = xr[k];
-                }
-            }
+        if xt.len() < cin * tp {
+            let before = 4 * xt.capacity();
+            xt.resize(cin * tp, 0.0);
+            crate::scratch::note_held(before, 4 * xt.capacity());
         }
+        // Two slices of inputs per worker. Rows past t up to a multiple of 16 are zeroed (the
+        // tiles read whole vectors); those past that are never read.
+        let kb = (cin.div_ceil(2 * rayon::current_num_threads()).div_ceil(16) * 16).max(16);
+        crate::team::par_chunks_mut(&mut xt[..cin * tp], kb * tp, &|i, chunk| {
+            crate::transpose::transpose(&x[i * kb..], t, chunk.len() / tp, cin, chunk, tp, true)
+        });
         gemm_cols(ms, xt, tp, t, ys)
     })
 }
@@ -695,19 +694,41 @@ fn gemm_many_cols(ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&mut [f32]])
 thread_local! {
     /// The transposed activations of [`gemm_many_cols`], kept for the buffer.
     static XT: std::cell::RefCell<Option<Vec<f32>>> = const { std::cell::RefCell::new(None) };
+    /// The tiles' sums of one group of weight rows in [`gemm_cols`], transposed (`g × tp`).
+    static YT: std::cell::RefCell<Option<Vec<f32>>> = const { std::cell::RefCell::new(None) };
 }
 
 #[cfg(target_arch = "x86_64")]
 fn gemm_cols(ms: &[&DotMatrix], xt: &[f32], tp: usize, t: usize, ys: &mut [&mut [f32]]) {
-    // Rows decoded together: whole tiles (and row pairs), about 48 KiB of f32, so the tile's
-    // weight rows stay near while all activation rows stream past them.
-    let rows = |cin: usize| ((12_288 / cin.max(1)) / avx512::NJ * avx512::NJ).clamp(avx512::NJ, 8 * avx512::NJ);
-    for_decoded_groups(true, ms, ys, rows, |m, w, g, out| {
-        // SAFETY: AVX-512 F present (checked by the caller); `xt` is cin×tp, the decoded rows
-        // g×cin, and `out` the destination columns of these rows in the t×cout output, which
-        // no other task writes.
-        unsafe { avx512::dot_cols(xt.as_ptr(), tp, t, m.cin, w.as_ptr(), g, out, m.cout) }
-    });
+    use avx512::NJ;
+    // Groups of 48 rows: whole tiles, and whole 16-row blocks of the transposed sums. Each
+    // tile's rows are decoded just before it, into the same 6·cin values (decoding the whole
+    // group first, to be read back from L2, was 1–8 % slower).
+    for_row_groups(
+        ms,
+        ys,
+        |_| 8 * NJ,
+        |m, g0, g, out, buf| {
+            crate::scratch::with_kept(&YT, |yt: &mut Vec<f32>| {
+                if yt.len() < g * tp {
+                    let before = 4 * yt.capacity();
+                    yt.resize(g * tp, 0.0);
+                    crate::scratch::note_held(before, 4 * yt.capacity());
+                }
+                for j in (0..g).step_by(NJ) {
+                    let n = NJ.min(g - j);
+                    let w = &mut buf[..n * m.cin];
+                    m.decode_rows_with(true, g0 + j, n, w);
+                    // SAFETY: AVX-512 F present (checked by the caller); `xt` is cin×tp, the decoded
+                    // rows n×cin, and `yt` holds g×tp values.
+                    unsafe { avx512::dot_cols(xt.as_ptr(), tp, t, m.cin, w.as_ptr(), n, yt.as_mut_ptr().add(j * tp)) };
+                }
+                // SAFETY: `yt` holds g rows of tp ≥ t sums; `out` is the destination columns of
+                // these rows in the t×cout output, which no other task writes.
+                unsafe { crate::transpose::transpose_ptr(yt.as_ptr(), g, t, tp, out, m.cout, false) };
+            })
+        },
+    );
 }
 
 /// `out[i·stride + j] = Σₖ x[i·cin + k] · w[j·cin + k]` for `i < t`, `j < n`: activations
@@ -1875,17 +1896,17 @@ mod avx512 {
     /// accumulators (of 32 registers).
     pub(super) const NJ: usize = 6;
 
-    /// `out[i·stride + j] = Σₖ x[i, k] · w[j·cin + k]` for `i < t`, `j < n`, with the
-    /// activations transposed (`xt[k·tp + i]`, `tp ≥ t` a multiple of 64, zero past `t`):
-    /// outer products, each weight broadcast against 64 activation rows at once, so a step of
-    /// `k` is 4 vector loads and 6 broadcasts for 24 FMAs, and no horizontal sums. (Two
-    /// vectors by 12 weight rows, 14 loads per 24 FMAs, ran 1.2–1.45× slower on the Xeon.)
+    /// `yt[j·tp + i] = Σₖ x[i, k] · w[j·cin + k]` for `j < n` and `i` below `t` rounded up to
+    /// 16, with the activations transposed (`xt[k·tp + i]`, `tp ≥ t` a multiple of 64, zero
+    /// from `t` to the next multiple of 16): outer products, each weight broadcast against 64
+    /// activation rows at once, so a step of `k` is 4 vector loads and 6 broadcasts for 24
+    /// FMAs, with no horizontal sums, and the sums leave as whole vectors. (Two vectors by 12
+    /// weight rows, 14 loads per 24 FMAs, ran 1.2–1.45× slower on the Xeon; scattering the
+    /// sums straight into the `t × cout` output one value at a time cost 10–15 % of prefill.)
     ///
     /// # Safety
-    /// AVX-512 F and AVX2/FMA present; `xt` holds `cin·tp` values, `w` `n·cin`, `out` `t` rows
-    /// `stride` apart of at least `n` values.
+    /// AVX-512 F and AVX2/FMA present; `xt` holds `cin·tp` values, `w` `n·cin`, `yt` `n·tp`.
     #[target_feature(enable = "avx2,fma,avx512f")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn dot_cols(
         xt: *const f32,
         tp: usize,
@@ -1893,19 +1914,18 @@ mod avx512 {
         cin: usize,
         w: *const f32,
         n: usize,
-        out: *mut f32,
-        stride: usize,
+        yt: *mut f32,
     ) {
         macro_rules! cols {
             ($v:literal, $i:expr, $j:expr, $nj:expr) => {{
-                let (xi, ti, wj, oij) = (xt.add($i), t - $i, w.add($j * cin), out.add($i * stride + $j));
+                let (xi, wj, oij) = (xt.add($i), w.add($j * cin), yt.add($j * tp + $i));
                 match $nj {
-                    6 => col_tile::<$v, 6>(xi, tp, ti, cin, wj, oij, stride),
-                    5 => col_tile::<$v, 5>(xi, tp, ti, cin, wj, oij, stride),
-                    4 => col_tile::<$v, 4>(xi, tp, ti, cin, wj, oij, stride),
-                    3 => col_tile::<$v, 3>(xi, tp, ti, cin, wj, oij, stride),
-                    2 => col_tile::<$v, 2>(xi, tp, ti, cin, wj, oij, stride),
-                    _ => col_tile::<$v, 1>(xi, tp, ti, cin, wj, oij, stride),
+                    6 => col_tile::<$v, 6>(xi, tp, cin, wj, oij),
+                    5 => col_tile::<$v, 5>(xi, tp, cin, wj, oij),
+                    4 => col_tile::<$v, 4>(xi, tp, cin, wj, oij),
+                    3 => col_tile::<$v, 3>(xi, tp, cin, wj, oij),
+                    2 => col_tile::<$v, 2>(xi, tp, cin, wj, oij),
+                    _ => col_tile::<$v, 1>(xi, tp, cin, wj, oij),
                 }
             }};
         }
@@ -1926,17 +1946,15 @@ mod avx512 {
         }
     }
 
-    /// `16·V` activation rows (the first `t` of them stored) against `N` weight rows.
+    /// `16·V` activation rows against `N` weight rows.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // indexing keeps the accumulators in registers
     unsafe fn col_tile<const V: usize, const N: usize>(
         xt: *const f32,
         tp: usize,
-        t: usize,
         cin: usize,
         w: *const f32,
-        out: *mut f32,
-        stride: usize,
+        yt: *mut f32,
     ) {
         let mut acc = [[_mm512_setzero_ps(); N]; V];
         for k in 0..cin {
@@ -1948,14 +1966,9 @@ mod avx512 {
                 }
             }
         }
-        let mut col = [0f32; 16];
         for v in 0..V {
-            let rows = t.saturating_sub(16 * v).min(16);
             for j in 0..N {
-                _mm512_storeu_ps(col.as_mut_ptr(), acc[v][j]);
-                for (r, &c) in col.iter().enumerate().take(rows) {
-                    *out.add((16 * v + r) * stride + j) = c;
-                }
+                _mm512_storeu_ps(yt.add(j * tp + 16 * v), acc[v][j]);
             }
         }
     }

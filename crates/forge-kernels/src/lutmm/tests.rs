@@ -631,7 +631,8 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
     // on ragged shapes (tails of the 16- and 8-wide steps, partial tiles of rows and columns).
     use intdot::{gemm_many, set_avx512, GEMM_MIN_T};
     let mut rng = Rng(13);
-    // T = 16, 17 and 35: partial vectors of the 64-row activation tiles; 14, 30, 130 and 262
+    // T = 16, 17, 35, 70 and 131: partial vectors of the 64-row activation tiles, and more than
+    // one of them; 14, 30, 130 and 262
     // outputs: partial 6-row weight tiles (whole row pairs for vec2x64).
     for (format, &(cout, cin)) in [Format::Lut4, Format::Vec2x64]
         .into_iter()
@@ -640,7 +641,7 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
         let m = random_lut_int(format, cout, cin, &mut rng);
         let w = m.reconstruct();
         let d = intdot::DotMatrix::from_lut(&m).unwrap();
-        for t in [GEMM_MIN_T, GEMM_MIN_T + 1, 2 * GEMM_MIN_T + 3] {
+        for t in [GEMM_MIN_T, GEMM_MIN_T + 1, 2 * GEMM_MIN_T + 3, 70, 131] {
             let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
             let r = matmul_ref(&x, t, &w, cout, cin);
             for avx512 in [false, true] {

@@ -1,0 +1,86 @@
+//! Throughput of the prefill matmul (the f32 path, `t` activation rows, one call as `forge`
+//! makes it: decode, tiles, both transposes) on SmolLM2's shapes: billions of multiply-adds per
+//! second, best of `rounds`, and its share of this thread's 512-bit FMA peak, measured in the
+//! same rounds (the machine's speed drifts within minutes).
+//!
+//! `RAYON_NUM_THREADS=1 cargo run --release -p forge-kernels --example prefill_gemm -- [rounds] [t]`
+
+use forge_kernels::lut::{Format, LutMatrix};
+use forge_kernels::lutmm::intdot::DotMatrix;
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rounds: usize = args.get(1).map(|s| s.parse().expect("rounds")).unwrap_or(10);
+    let t: usize = args.get(2).map(|s| s.parse().expect("t")).unwrap_or(64);
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    println!("t = {t}, {} thread(s)", rayon::current_num_threads());
+    for format in [Format::Vec2x64, Format::Lut4] {
+        for (cout, cin) in [(1536, 576), (576, 1536), (576, 576), (192, 576), (1536, 64), (1536, 128)] {
+            let (k, dim) = (format.entries(), format.vec_dim());
+            let m = LutMatrix {
+                format,
+                cout,
+                cin,
+                codebook: (0..k * dim).map(|_| ((next() % 256) as i32 - 128) as f32 / 64.0).collect(),
+                idx: (0..cout / dim * cin).map(|_| (next() % k as u64) as u8).collect(),
+                scale: vec![0.01; cout],
+            };
+            let d = DotMatrix::from_lut(&m).expect("integer codebook");
+            let x: Vec<f32> = (0..t * cin).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let mut y = vec![0f32; t * cout];
+            let macs = (t * cout * cin) as f64;
+            let reps = ((2e9 / macs) as usize).max(1);
+            let (mut best, mut peak) = (f64::MAX, 0f64);
+            for _ in 0..rounds {
+                peak = peak.max(fma_peak());
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    d.matmul_with(true, &x, t, &mut y);
+                }
+                best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+            }
+            let share = if peak > 0.0 {
+                format!(" ({:.0} % of the FMA peak, {:.1})", 100.0 * macs / best / peak, peak / 1e9)
+            } else {
+                String::new()
+            };
+            println!("{format:?} {cout}x{cin}: {:.1} Gmac/s{share}", macs / best / 1e9);
+        }
+    }
+}
+
+/// Multiply-adds per second of independent 512-bit FMA chains on this thread (0 without AVX-512).
+fn fma_peak() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F detected just above.
+        return unsafe { chains() };
+    }
+    0.0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn chains() -> f64 {
+    use std::arch::x86_64::*;
+    let n = std::hint::black_box(2_000_000usize);
+    let mut a = [_mm512_set1_ps(1.0); 24];
+    let b = _mm512_set1_ps(std::hint::black_box(0.999));
+    let c = _mm512_set1_ps(std::hint::black_box(0.001));
+    let t0 = Instant::now();
+    for _ in 0..n {
+        for x in a.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, b, c);
+        }
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    std::hint::black_box(a);
+    (n * 24 * 16) as f64 / dt
+}
