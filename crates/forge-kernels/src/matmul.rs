@@ -67,10 +67,17 @@ pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
     if t >= GEMM_MIN_ROWS {
         return gemm_path(x, t, w, y);
     }
-    // Output laid out [n_out][t] per block, transposed afterwards (t is small).
+    // Output laid out [n_out][t] per block, transposed afterwards (t is small). Rows stored as
+    // f32 go in blocks of at most ROW_BLOCK, at least two per worker: a rank-64 factor of a
+    // low-rank branch is one block of 64 rows, which alone kept one core reading 1.3 MB while
+    // the others waited. Decoded sources keep whole 64-row blocks.
+    let block = match w.borrowed(0, n_out) {
+        Some(_) => n_out.div_ceil(2 * rayon::current_num_threads()).next_multiple_of(8).min(ROW_BLOCK),
+        None => ROW_BLOCK,
+    };
     let mut yt = crate::scratch::Buf::zeros(n_out * t);
-    crate::team::par_chunks_mut(&mut yt, ROW_BLOCK * t, &|b, out| {
-        let r0 = b * ROW_BLOCK;
+    crate::team::par_chunks_mut(&mut yt, block * t, &|b, out| {
+        let r0 = b * block;
         let rows = out.len() / t;
         let mut buf;
         let block: &[f32] = match w.borrowed(r0, rows) {

@@ -556,8 +556,12 @@ pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f
         }
         return;
     }
-    // Tasks of about equal work: `threads · 2` of them over the rows of all matrices.
-    let per = work.div_ceil(threads * 2).max(1);
+    // Tasks of about equal work over the rows of all matrices, claimed one at a time: two per
+    // worker, up to eight per worker on big matrices (1 MiB of rows per task and worker), so
+    // that a core running slower than the other (a noisy neighbour) leaves less tail to wait
+    // for.
+    let per_worker = (work >> 20).clamp(2, 8);
+    let per = work.div_ceil(threads * per_worker).max(1);
     crate::scratch::with_kept(&TASKS, |tasks| {
         tasks.clear();
         for (i, m) in ms.iter().enumerate() {
