@@ -35,9 +35,9 @@ use std::arch::x86_64::*;
 const U: usize = 2;
 
 /// The tables of a kind for 512-bit lookups, as signed weights or as unsigned `w + 128` (the
-/// dot kernels; INT8 bytes are flipped likewise): lut4 and vec2x16 broadcast
-/// to the four 128-bit lanes (`vpshufb`), vec2x64 one 64-entry table per component
-/// (`vpermb` reads six index bits).
+/// dot kernels; INT8 bytes are flipped likewise): lut4 and vec2x16 broadcast to the four
+/// 128-bit lanes (a 64-entry `vpermb` table whose 16 entries repeat), vec2x64 one 64-entry
+/// table per component (`vpermb` reads six index bits).
 struct Tabs512 {
     t: [__m512i; 2],
     flip: __m512i,
@@ -73,9 +73,12 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
         LUT4X | VEC16X => {
             // [A | B | A | B]: the 32 index bytes of the pair, one broadcast load.
             let v = _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i));
-            let idx = _mm512_and_si512(_mm512_srlv_epi32(v, nib_shift), _mm512_set1_epi8(15));
-            let w1 = if K == VEC16X { _mm512_shuffle_epi8(tb.t[1], idx) } else { z };
-            [_mm512_shuffle_epi8(tb.t[0], idx), w1]
+            // No mask: bits 4–5 of each byte carry the other nibble, but `vpermb` reads bits
+            // 0–5 and the 16-entry table repeats in every 128-bit lane, so they only pick
+            // which copy (one instruction fewer than `vpshufb`, which needs bit 7 clear).
+            let idx = _mm512_srlv_epi32(v, nib_shift);
+            let w1 = if K == VEC16X { _mm512_permutexvar_epi8(idx, tb.t[1]) } else { z };
+            [_mm512_permutexvar_epi8(idx, tb.t[0]), w1]
         }
         VEC64X => {
             // A's 16 nibble bytes at p, B's 24 bytes on: [A | B | A | B] by a merging broadcast.
@@ -84,10 +87,13 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
             // The top two index bits: 8 bytes per chunk, 64-bit word `j` of the vector covering
             // columns `8q..8q + 8` of A or B (q = 0, 1, 0, 1, 2, 3, 2, 3), shifted by `2q` to
             // bring bits 5 and 4 to the top of each byte, then down to bits 5 and 4.
-            let ha = (p.add(16) as *const i64).read_unaligned();
-            let hb = (p.add(40) as *const i64).read_unaligned();
-            let h = _mm512_mask_set1_epi64(_mm512_set1_epi64(ha), 0xCC, hb);
-            let b54 = _mm512_srli_epi16::<2>(_mm512_sllv_epi64(h, _mm512_setr_epi64(0, 2, 0, 2, 4, 6, 4, 6)));
+            // One 32-byte load from p + 16 holds A's high bits (word 0) and B's (word 3); words
+            // 0 and 3 go to the words covering A and B.
+            let hab = _mm512_castsi256_si512(_mm256_loadu_si256(p.add(16) as *const __m256i));
+            let h = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 0, 3, 3, 0, 0, 3, 3), hab);
+            // Byte i of word j takes the 8 bits from bit 8i + 2 − 2q on (rotating; `q` as
+            // above), which puts bits 5 and 4 of column 8q + i's index at its bits 5 and 4.
+            let b54 = _mm512_multishift_epi64_epi8(multishift_ctrl(), h);
             // Low four bits from the nibble, the rest from b54 (`vpermb` reads bits 0–5 only).
             let idx = _mm512_ternarylogic_epi32::<0xD8>(b54, _mm512_srlv_epi32(v, nib_shift), _mm512_set1_epi8(15));
             [_mm512_permutexvar_epi8(idx, tb.t[0]), _mm512_permutexvar_epi8(idx, tb.t[1])]
@@ -98,6 +104,23 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
             [_mm512_xor_si512(_mm512_shuffle_i64x2::<0xD8>(v, v), tb.flip), z]
         }
     }
+}
+
+/// The bit offsets of [`weights2`]'s `vpmultishiftqb` for vec2x64's top index bits: byte `i`
+/// of word `j` reads from bit `8i + 2 − 2q` (mod 64), `q = 0, 1, 0, 1, 2, 3, 2, 3` by word.
+#[inline(always)]
+unsafe fn multishift_ctrl() -> __m512i {
+    const CTRL: [u8; 64] = {
+        let q = [0usize, 1, 0, 1, 2, 3, 2, 3];
+        let mut c = [0u8; 64];
+        let mut k = 0;
+        while k < 64 {
+            c[k] = ((8 * (k % 8) + 64 + 2 - 2 * q[k / 8]) % 64) as u8;
+            k += 1;
+        }
+        c
+    };
+    _mm512_loadu_si512(CTRL.as_ptr() as *const _)
 }
 
 /// Both planes of one output for a pair, all through `vpdpbusd` (the unsigned weight bytes
