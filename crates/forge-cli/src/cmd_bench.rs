@@ -263,7 +263,7 @@ fn stored_bytes(l: &Linear) -> usize {
         Weight::Int8(m) => m.q.len() + 4 * m.scale.len(),
         Weight::Packed(_) => 0,
     };
-    w + l.lowrank.as_ref().map_or(0, |lr| 4 * (lr.a.len() + lr.b.len()))
+    w + l.lowrank.as_ref().map_or(0, |lr| 2 * (lr.a.len() + lr.b.len()))
 }
 
 fn memory(model: &Model, sess: &Session) -> Memory {

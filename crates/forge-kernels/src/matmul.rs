@@ -53,7 +53,48 @@ impl RowSource for DenseRows<'_> {
 /// `y[t, o] = Σ_i x[t, i] · w[o, i]`; `x` is `t × n_in`, `y` is `t × n_out`.
 pub fn matmul_xwt(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize, y: &mut [f32]) {
     assert_eq!(w.len(), n_out * n_in);
-    matmul_rows(x, t, &DenseRows { w, n_out, n_in }, y)
+    match w {
+        // FP16 rows (low-rank factors) at decode sizes: widened in registers, not into a buffer.
+        FloatSlice::F16(bits) if t < GEMM_MIN_ROWS => gemv_f16(x, t, bits, n_out, n_in, y),
+        _ => matmul_rows(x, t, &DenseRows { w, n_out, n_in }, y),
+    }
+}
+
+/// [`matmul_xwt`] for FP16 rows and a few activation rows.
+fn gemv_f16(x: &[f32], t: usize, w: &[u16], n_out: usize, n_in: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), t * n_in, "x has {} values, expected {t}×{n_in}", x.len());
+    assert_eq!(y.len(), t * n_out);
+    if t == 0 || n_out == 0 {
+        return;
+    }
+    let block = task_rows(n_out);
+    let mut yt = crate::scratch::Buf::zeros(n_out * t);
+    crate::team::par_chunks_mut(&mut yt, block * t, &|b, out| {
+        let r0 = b * block;
+        for (r, o) in out.chunks_mut(t).enumerate() {
+            let wr = &w[(r0 + r) * n_in..(r0 + r + 1) * n_in];
+            for (tt, v) in o.iter_mut().enumerate() {
+                *v = crate::simd::dot_f16(&x[tt * n_in..(tt + 1) * n_in], wr);
+            }
+        }
+    });
+    untranspose(&yt, t, n_out, y);
+}
+
+/// Rows per task of a few-row product: at most ROW_BLOCK, at least two tasks per worker (a
+/// rank-64 factor of a low-rank branch in one task kept one core reading it while the others
+/// waited), whole multiples of 8.
+fn task_rows(n_out: usize) -> usize {
+    n_out.div_ceil(2 * rayon::current_num_threads()).next_multiple_of(8).min(ROW_BLOCK)
+}
+
+/// `y[tt·n_out + o] = yt[o·t + tt]`.
+fn untranspose(yt: &[f32], t: usize, n_out: usize, y: &mut [f32]) {
+    for o in 0..n_out {
+        for tt in 0..t {
+            y[tt * n_out + o] = yt[o * t + tt];
+        }
+    }
 }
 
 /// `y = x Wᵀ` for any row source.
@@ -68,11 +109,9 @@ pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
         return gemm_path(x, t, w, y);
     }
     // Output laid out [n_out][t] per block, transposed afterwards (t is small). Rows stored as
-    // f32 go in blocks of at most ROW_BLOCK, at least two per worker: a rank-64 factor of a
-    // low-rank branch is one block of 64 rows, which alone kept one core reading 1.3 MB while
-    // the others waited. Decoded sources keep whole 64-row blocks.
+    // f32 go in `task_rows` blocks; decoded sources keep whole 64-row blocks.
     let block = match w.borrowed(0, n_out) {
-        Some(_) => n_out.div_ceil(2 * rayon::current_num_threads()).next_multiple_of(8).min(ROW_BLOCK),
+        Some(_) => task_rows(n_out),
         None => ROW_BLOCK,
     };
     let mut yt = crate::scratch::Buf::zeros(n_out * t);
@@ -95,11 +134,7 @@ pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
             }
         }
     });
-    for o in 0..n_out {
-        for tt in 0..t {
-            y[tt * n_out + o] = yt[o * t + tt];
-        }
-    }
+    untranspose(&yt, t, n_out, y);
 }
 
 fn gemm_path(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {

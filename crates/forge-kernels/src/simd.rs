@@ -128,6 +128,75 @@ pub fn has_avx512_kernels() -> bool {
     }
 }
 
+/// F16C with AVX2/FMA (FP16 weights widened in registers).
+#[inline]
+pub fn has_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| has_avx2_fma() && is_x86_feature_detected!("f16c"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Dot product of the common prefix of `a` and the FP16 values (bits) `b`, in f32.
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
+        return unsafe { dot_f16_avx2(a, b) };
+    }
+    dot_f16_portable(a, b)
+}
+
+fn dot_f16_portable(a: &[f32], b: &[u16]) -> f32 {
+    let mut acc = [0f32; 8];
+    let n = a.len().min(b.len());
+    for (ca, cb) in a[..n].chunks(8).zip(b[..n].chunks(8)) {
+        for ((s, &x), &w) in acc.iter_mut().zip(ca).zip(cb) {
+            *s += x * half::f16::from_bits(w).to_f32();
+        }
+    }
+    acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_avx2(a: &[f32], b: &[u16]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY (all loads): `i + 8·(u + 1) ≤ n` before each, within both slices.
+    while i + 32 <= n {
+        for (u, s) in acc.iter_mut().enumerate() {
+            let w = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(i + 8 * u) as *const __m128i));
+            *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * u)), w, *s);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let w = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(i) as *const __m128i));
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), w, acc[0]);
+        i += 8;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
+    let mut r = _mm_cvtss_f32(h);
+    for k in i..n {
+        r += a[k] * half::f16::from_bits(b[k]).to_f32();
+    }
+    r
+}
+
 /// Dot product of the common prefix of `a` and `b`.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -166,6 +235,20 @@ mod tests {
             let tol = 1e-5 * (1.0 + a.iter().zip(&b).map(|(x, y)| (x * y).abs() as f64).sum::<f64>());
             assert!((d - r).abs() <= tol, "n={n}: {d} vs {r}");
             assert!((p - r).abs() <= tol, "n={n}: {p} vs {r}");
+        }
+    }
+
+    #[test]
+    fn dot_f16_matches_an_f64_reference_on_ragged_lengths() {
+        for n in [0, 1, 7, 8, 9, 31, 32, 33, 100, 1023, 5120] {
+            let a = data(n, 5);
+            let b: Vec<u16> = data(n, 6).iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let w: Vec<f64> = b.iter().map(|&v| half::f16::from_bits(v).to_f64()).collect();
+            let r: f64 = a.iter().zip(&w).map(|(&x, &y)| x as f64 * y).sum();
+            let tol = 1e-5 * (1.0 + a.iter().zip(&w).map(|(&x, y)| (x as f64 * y).abs()).sum::<f64>());
+            for (name, d) in [("dispatch", dot_f16(&a, &b)), ("portable", dot_f16_portable(&a, &b))] {
+                assert!((d as f64 - r).abs() <= tol, "{name}, n={n}: {d} vs {r}");
+            }
         }
     }
 

@@ -286,7 +286,7 @@ impl Export {
         if has("lr_a") || has("lr_b") {
             let a = self.tensor(&file, set, &format!("{key}.lr_a"))?;
             let r = *a.shape.get(1).ok_or_else(|| anyhow!("{}: expected (Cout, r)", ctx("lr_a")))?;
-            lin.lowrank = Some(LowRank { rank: r, a: f32s("lr_a", &[out_f, r])?, b: f32s("lr_b", &[r, in_f])? });
+            lin.lowrank = Some(LowRank::from_f32(r, &f32s("lr_a", &[out_f, r])?, &f32s("lr_b", &[r, in_f])?));
         }
         lin.rotation = self.rotation(&file, set, &key, in_f)?;
         Ok(Some(lin))

@@ -61,12 +61,32 @@ impl PackedCache {
     }
 }
 
-/// Low-rank correction `A (out × r)`, `B (r × in)`, applied to the unrotated input.
+/// Low-rank correction `A (out × r)`, `B (r × in)`, applied to the unrotated input. The factors
+/// are held as FP16 bits, as exports store them: a decode reads them whole every token (the
+/// 27B's 208 rank-64 pairs are 0.32 GB a token in FP16, twice that in f32).
 #[derive(Clone, Debug)]
 pub struct LowRank {
     pub rank: usize,
-    pub a: Vec<f32>,
-    pub b: Vec<f32>,
+    pub a: Vec<u16>,
+    pub b: Vec<u16>,
+}
+
+impl LowRank {
+    /// The factors rounded to FP16 (to nearest; exact for factors read from an export).
+    pub fn from_f32(rank: usize, a: &[f32], b: &[f32]) -> LowRank {
+        let bits = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        LowRank { rank, a: bits(a), b: bits(b) }
+    }
+
+    /// `A` and `B` as f32.
+    pub fn factors_f32(&self) -> (Vec<f32>, Vec<f32>) {
+        let f = |v: &[u16]| v.iter().map(|&x| half::f16::from_bits(x).to_f32()).collect();
+        (f(&self.a), f(&self.b))
+    }
+
+    fn bytes(&self) -> usize {
+        2 * (self.a.len() + self.b.len())
+    }
 }
 
 /// An orthogonal transform of a layer's input, applied online (e.g. block Hadamard).
@@ -155,7 +175,7 @@ impl Linear {
             Weight::Dense(w) => w.numel() * w.dtype().size(),
             _ => self.packed.get(&self.weight).map_or(0, |p| p.packed_bytes()),
         };
-        main + self.lowrank.as_ref().map_or(0, |lr| 4 * (lr.a.len() + lr.b.len()))
+        main + self.lowrank.as_ref().map_or(0, LowRank::bytes)
     }
 
     /// `y = rot(x) Wᵀ + A(B x) + b` for `t` rows of `x`.
@@ -278,7 +298,7 @@ impl Linear {
             forge_kernels::matmul::matmul_xwt(
                 x,
                 t,
-                forge_core::tensor::FloatSlice::F32(&lr.b),
+                forge_core::tensor::FloatSlice::F16(&lr.b),
                 lr.rank,
                 self.in_f,
                 &mut bx,
@@ -287,7 +307,7 @@ impl Linear {
             forge_kernels::matmul::matmul_xwt(
                 &bx,
                 t,
-                forge_core::tensor::FloatSlice::F32(&lr.a),
+                forge_core::tensor::FloatSlice::F16(&lr.a),
                 self.out_f,
                 lr.rank,
                 &mut abx,
@@ -331,12 +351,13 @@ impl Linear {
             r.unrotate_weight(&mut w, self.out_f);
         }
         if let Some(lr) = &self.lowrank {
+            let (fa, fb) = lr.factors_f32();
             for o in 0..self.out_f {
                 for k in 0..lr.rank {
-                    let a = lr.a[o * lr.rank + k];
+                    let a = fa[o * lr.rank + k];
                     forge_kernels::simd::axpy(
                         a,
-                        &lr.b[k * self.in_f..(k + 1) * self.in_f],
+                        &fb[k * self.in_f..(k + 1) * self.in_f],
                         &mut w[o * self.in_f..(o + 1) * self.in_f],
                     );
                 }
@@ -471,7 +492,7 @@ mod tests {
                 l
             })
             .collect();
-        layers[1].lowrank = Some(LowRank { rank: 2, a: rnd(34 * 2, 60), b: rnd(2 * in_f, 61) });
+        layers[1].lowrank = Some(LowRank::from_f32(2, &rnd(34 * 2, 60), &rnd(2 * in_f, 61)));
         assert!(layers.iter().all(|l| l.packed.get(&l.weight).is_some_and(|p| p.is_int_dot())), "fused path taken");
         for t in [1, 3, 9] {
             let x = rnd(t * in_f, 70 + t as u64);

@@ -242,7 +242,8 @@ fn quantize_linear(lin: &Linear, o: &Options, stats: Option<&InputStats>) -> Res
     let mut new = Linear::with_weight(name.clone(), out, cin, weight);
     new.bias = lin.bias.clone();
     new.rotation = rot.as_ref().map(|r| Arc::new(r.clone()) as Arc<dyn forge_model::linear::InputRotation>);
-    new.lowrank = lowrank.as_ref().map(|(r, a, b)| LowRank { rank: *r, a: a.clone(), b: b.clone() });
+    // FP16 factors, as the export stores them: the model evaluated here is the one exported.
+    new.lowrank = lowrank.as_ref().map(|(r, a, b)| LowRank::from_f32(*r, a, b));
     let entry = MatrixEntry { key, q, rotation: rot.map(|r| (r.seed, r.block)), lowrank, stats: st };
     Ok((entry, new))
 }
