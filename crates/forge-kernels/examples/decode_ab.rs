@@ -6,9 +6,11 @@
 //! (`rows` activation rows, default 1: decode; 2–15 time the verify kernels; the matrix rows
 //! are split across the pool's threads as in `forge`, `RAYON_NUM_THREADS` sets them).
 
-use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
+use forge_kernels::lut::{Format, Int8Matrix};
 use forge_kernels::lutmm::intdot::{self, matmul_many, DotMatrix, QuantX};
 use std::time::Instant;
+
+mod common;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -19,15 +21,8 @@ fn main() {
         .unwrap_or((1536, 576));
     let rounds: usize = args.get(2).map(|s| s.parse().expect("rounds")).unwrap_or(15);
     let t: usize = args.get(3).map(|s| s.parse().expect("rows")).unwrap_or(1);
-    // Fixed seed: xorshift.
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let x: Vec<f32> = (0..t * cin).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    let mut rng = common::Rng::new();
+    let x = rng.activations(t * cin);
     intdot::set_wide(false);
     let plain = QuantX::new(&x, t, cin);
     intdot::set_wide(true);
@@ -36,19 +31,10 @@ fn main() {
     println!("{:8} {:>10} {:>10} {:>7}", "format", "256 GB/s", "512 GB/s", "ratio");
     for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
         let d = if format == Format::Int8 {
-            let q = (0..cout * cin).map(|_| next() as u8 as i8).collect();
+            let q = (0..cout * cin).map(|_| rng.next() as u8 as i8).collect();
             DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
         } else {
-            let (k, dim) = (format.entries(), format.vec_dim());
-            let m = LutMatrix {
-                format,
-                cout,
-                cin,
-                codebook: (0..k * dim).map(|_| ((next() % 256) as i32 - 128) as f32 / 64.0).collect(),
-                idx: (0..cout / dim * cin).map(|_| (next() % k as u64) as u8).collect(),
-                scale: vec![0.01; cout],
-            };
-            DotMatrix::from_lut(&m).expect("integer codebook")
+            rng.lut_matrix(format, cout, cin)
         };
         let bytes = d.packed_bytes() as f64;
         let mut y = vec![0f32; t * cout];

@@ -5,35 +5,21 @@
 //!
 //! `RAYON_NUM_THREADS=1 cargo run --release -p forge-kernels --example prefill_gemm -- [rounds] [t]`
 
-use forge_kernels::lut::{Format, LutMatrix};
-use forge_kernels::lutmm::intdot::DotMatrix;
+use forge_kernels::lut::Format;
 use std::time::Instant;
+
+mod common;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let rounds: usize = args.get(1).map(|s| s.parse().expect("rounds")).unwrap_or(10);
     let t: usize = args.get(2).map(|s| s.parse().expect("t")).unwrap_or(64);
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut rng = common::Rng::new();
     println!("t = {t}, {} thread(s)", rayon::current_num_threads());
     for format in [Format::Vec2x64, Format::Lut4] {
         for (cout, cin) in [(1536, 576), (576, 1536), (576, 576), (192, 576), (1536, 64), (1536, 128)] {
-            let (k, dim) = (format.entries(), format.vec_dim());
-            let m = LutMatrix {
-                format,
-                cout,
-                cin,
-                codebook: (0..k * dim).map(|_| ((next() % 256) as i32 - 128) as f32 / 64.0).collect(),
-                idx: (0..cout / dim * cin).map(|_| (next() % k as u64) as u8).collect(),
-                scale: vec![0.01; cout],
-            };
-            let d = DotMatrix::from_lut(&m).expect("integer codebook");
-            let x: Vec<f32> = (0..t * cin).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let d = rng.lut_matrix(format, cout, cin);
+            let x = rng.activations(t * cin);
             let mut y = vec![0f32; t * cout];
             let macs = (t * cout * cin) as f64;
             let reps = ((2e9 / macs) as usize).max(1);

@@ -1,0 +1,40 @@
+//! Seeded test data shared by the kernel examples.
+
+use forge_kernels::lut::{Format, LutMatrix};
+use forge_kernels::lutmm::intdot::DotMatrix;
+
+/// Xorshift64 with a fixed seed: every run times the same data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new() -> Rng {
+        Rng(0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// `n` activations in [-1, 1].
+    pub fn activations(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0).collect()
+    }
+
+    /// A random `cout × cin` LUT matrix of `format` with a codebook on the 8-bit grid, packed
+    /// for the integer-dot kernels.
+    pub fn lut_matrix(&mut self, format: Format, cout: usize, cin: usize) -> DotMatrix {
+        let (k, dim) = (format.entries(), format.vec_dim());
+        let m = LutMatrix {
+            format,
+            cout,
+            cin,
+            codebook: (0..k * dim).map(|_| ((self.next() % 256) as i32 - 128) as f32 / 64.0).collect(),
+            idx: (0..cout / dim * cin).map(|_| (self.next() % k as u64) as u8).collect(),
+            scale: vec![0.01; cout],
+        };
+        DotMatrix::from_lut(&m).expect("integer codebook")
+    }
+}
