@@ -8,33 +8,57 @@
 
 use crate::simd::axpy;
 
-/// One token: `S ← e^g S; S ← S + k ⊗ β(v − Sᵀk); out = Sᵀq`.
+/// One token: `S ← e^g S; S ← S + k ⊗ β(v − Sᵀk); out = Sᵀq`, in two passes over the state
+/// (decay with `Sᵀk`, then the update with `Sᵀq`) where four did one step each; the same
+/// roundings in the same order as [`recurrent_step_ref`].
 pub fn recurrent_step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, out: &mut [f32]) {
     let dv = v.len();
     let decay = g.exp();
+    with_delta(dv, |delta| {
+        for (i, &ki) in k.iter().enumerate() {
+            crate::simd::scale_axpy(decay, &mut state[i * dv..(i + 1) * dv], ki, delta);
+        }
+        for (d, &vj) in delta.iter_mut().zip(v) {
+            *d = (vj - *d) * beta;
+        }
+        out.iter_mut().for_each(|o| *o = 0.0);
+        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
+            crate::simd::axpy2(ki, delta, &mut state[i * dv..(i + 1) * dv], qi, out);
+        }
+    })
+}
+
+/// [`recurrent_step`] one step per pass: the reference it is tested against.
+#[cfg(test)]
+fn recurrent_step_ref(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, out: &mut [f32]) {
+    let dv = v.len();
+    let decay = g.exp();
     state.iter_mut().for_each(|s| *s *= decay);
-    // kv_mem = Sᵀ k (on the stack for the usual head sizes: this runs on pool workers, which
-    // should not need scratch of their own).
+    with_delta(dv, |delta| {
+        for (i, &ki) in k.iter().enumerate() {
+            axpy(ki, &state[i * dv..(i + 1) * dv], delta);
+        }
+        for (d, &vj) in delta.iter_mut().zip(v) {
+            *d = (vj - *d) * beta;
+        }
+        for (i, &ki) in k.iter().enumerate() {
+            axpy(ki, delta, &mut state[i * dv..(i + 1) * dv]);
+        }
+        out.iter_mut().for_each(|o| *o = 0.0);
+        for (i, &qi) in q.iter().enumerate() {
+            axpy(qi, &state[i * dv..(i + 1) * dv], out);
+        }
+    })
+}
+
+/// `f(delta)` with `dv` zeros on the stack for the usual head sizes (this runs on pool workers,
+/// which should not need scratch of their own).
+fn with_delta(dv: usize, f: impl FnOnce(&mut [f32])) {
     let mut stack = [0f32; 256];
-    let mut heap;
-    let delta: &mut [f32] = if dv <= stack.len() {
-        &mut stack[..dv]
+    if dv <= stack.len() {
+        f(&mut stack[..dv])
     } else {
-        heap = crate::scratch::Buf::zeros(dv);
-        &mut heap
-    };
-    for (i, &ki) in k.iter().enumerate() {
-        axpy(ki, &state[i * dv..(i + 1) * dv], delta);
-    }
-    for (d, &vj) in delta.iter_mut().zip(v) {
-        *d = (vj - *d) * beta;
-    }
-    for (i, &ki) in k.iter().enumerate() {
-        axpy(ki, delta, &mut state[i * dv..(i + 1) * dv]);
-    }
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for (i, &qi) in q.iter().enumerate() {
-        axpy(qi, &state[i * dv..(i + 1) * dv], out);
+        f(&mut crate::scratch::Buf::zeros(dv))
     }
 }
 
@@ -180,6 +204,30 @@ mod tests {
             let e_o = o_ch.iter().zip(&o_rec).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             let e_s = s_ch.iter().zip(&s_rec).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(e_o < 1e-4 && e_s < 1e-4, "chunk {chunk}: out err {e_o}, state err {e_s}");
+        }
+    }
+
+    #[test]
+    fn two_pass_step_equals_the_one_step_per_pass_reference_bit_for_bit() {
+        // 128 × 128 (the 27B's heads), ragged widths, and one past the stack buffer.
+        for &(dk, dv) in &[(128usize, 128usize), (8, 5), (16, 37), (4, 300)] {
+            let mut s = (dk * 1000 + dv) as u64;
+            let init = rnd(dk * dv, &mut s);
+            let (mut s_new, mut s_ref) = (init.clone(), init);
+            for step in 0..4 {
+                let mut q = rnd(dk, &mut s);
+                let mut k = rnd(dk, &mut s);
+                normalize(&mut q, dk, (dk as f32).powf(-0.5));
+                normalize(&mut k, dk, 1.0);
+                let v = rnd(dv, &mut s);
+                let (g, beta) = (-0.1 - 0.2 * step as f32, 0.3 + 0.1 * step as f32);
+                let (mut o_new, mut o_ref) = (vec![f32::NAN; dv], vec![f32::NAN; dv]);
+                recurrent_step(&mut s_new, &q, &k, &v, g, beta, &mut o_new);
+                recurrent_step_ref(&mut s_ref, &q, &k, &v, g, beta, &mut o_ref);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&o_new), bits(&o_ref), "{dk}×{dv}, step {step}: output");
+                assert_eq!(bits(&s_new), bits(&s_ref), "{dk}×{dv}, step {step}: state");
+            }
         }
     }
 

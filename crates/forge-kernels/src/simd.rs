@@ -43,6 +43,30 @@ macro_rules! axpy_body {
     }};
 }
 
+/// `row ← s·row; acc ← acc + alpha·row`, element by element (one pass over `row`).
+macro_rules! scale_axpy_body {
+    ($s:expr, $row:expr, $alpha:expr, $acc:expr, $fma:expr) => {{
+        let (s, alpha): (f32, f32) = ($s, $alpha);
+        let (row, acc): (&mut [f32], &mut [f32]) = ($row, $acc);
+        for (r, a) in row.iter_mut().zip(acc.iter_mut()) {
+            *r *= s;
+            *a = $fma(alpha, *r, *a);
+        }
+    }};
+}
+
+/// `row ← row + alpha·x; acc ← acc + beta·row`, element by element (one pass over `row`).
+macro_rules! axpy2_body {
+    ($alpha:expr, $x:expr, $row:expr, $beta:expr, $acc:expr, $fma:expr) => {{
+        let (alpha, beta): (f32, f32) = ($alpha, $beta);
+        let (x, row, acc): (&[f32], &mut [f32], &mut [f32]) = ($x, $row, $acc);
+        for ((r, &xi), a) in row.iter_mut().zip(x).zip(acc.iter_mut()) {
+            *r = $fma(alpha, xi, *r);
+            *a = $fma(beta, *r, *a);
+        }
+    }};
+}
+
 #[inline(always)]
 fn mul_add_plain(a: f32, b: f32, c: f32) -> f32 {
     a * b + c
@@ -195,6 +219,42 @@ unsafe fn dot_f16_avx2(a: &[f32], b: &[u16]) -> f32 {
         r += a[k] * half::f16::from_bits(b[k]).to_f32();
     }
     r
+}
+
+/// `row ← s·row`, then `acc ← acc + alpha·row`, in one pass: the same roundings as a scale
+/// followed by [`axpy`].
+#[inline]
+pub fn scale_axpy(s: f32, row: &mut [f32], alpha: f32, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
+        return unsafe { scale_axpy_avx2(s, row, alpha, acc) };
+    }
+    scale_axpy_body!(s, row, alpha, acc, mul_add_plain)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_axpy_avx2(s: f32, row: &mut [f32], alpha: f32, acc: &mut [f32]) {
+    scale_axpy_body!(s, row, alpha, acc, mul_add_fused)
+}
+
+/// `row ← row + alpha·x`, then `acc ← acc + beta·row`, in one pass: the same roundings as two
+/// [`axpy`] calls.
+#[inline]
+pub fn axpy2(alpha: f32, x: &[f32], row: &mut [f32], beta: f32, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
+        return unsafe { axpy2_avx2(alpha, x, row, beta, acc) };
+    }
+    axpy2_body!(alpha, x, row, beta, acc, mul_add_plain)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy2_avx2(alpha: f32, x: &[f32], row: &mut [f32], beta: f32, acc: &mut [f32]) {
+    axpy2_body!(alpha, x, row, beta, acc, mul_add_fused)
 }
 
 /// Dot product of the common prefix of `a` and `b`.
