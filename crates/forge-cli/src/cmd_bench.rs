@@ -5,7 +5,7 @@
 use anyhow::Result;
 use forge_kernels::lut::{synthetic, Format, Synthetic};
 use forge_kernels::lutmm::{self, Backend, PackedMatrix};
-use forge_model::linear::{Linear, Weight};
+use forge_model::linear::{Linear, LowRank, Weight};
 use forge_model::model::{Embedding, Logits, Model};
 use forge_model::session::{LayerState, Session};
 use rayon::prelude::*;
@@ -263,7 +263,7 @@ fn stored_bytes(l: &Linear) -> usize {
         Weight::Int8(m) => m.q.len() + 4 * m.scale.len(),
         Weight::Packed(_) => 0,
     };
-    w + l.lowrank.as_ref().map_or(0, |lr| 2 * (lr.a.len() + lr.b.len()))
+    w + l.lowrank.as_ref().map_or(0, LowRank::bytes)
 }
 
 fn memory(model: &Model, sess: &Session) -> Memory {

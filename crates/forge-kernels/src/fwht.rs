@@ -153,8 +153,7 @@ pub fn fwht_rows(x: &mut [f32], dim: usize, block: usize, normalize: bool) {
         }
     };
     if x.len() >= PAR_MIN_ELEMS && x.len() > dim {
-        let per = (x.len() / dim).div_ceil(2 * rayon::current_num_threads());
-        crate::team::par_chunks_mut(x, per * dim, &|_, chunk| chunk.chunks_exact_mut(dim).for_each(one));
+        crate::team::par_rows(x, dim, &one);
     } else {
         x.chunks_exact_mut(dim).for_each(one);
     }

@@ -83,10 +83,7 @@ impl Rotation {
 
     fn for_each_row(&self, x: &mut [f32], f: impl Fn(&mut [f32]) + Sync) {
         if x.len() >= PAR_MIN_ELEMS && x.len() > self.dim {
-            // Two even tasks per worker, through the spinning team when one is running.
-            let rows = x.len() / self.dim;
-            let per = rows.div_ceil(2 * rayon::current_num_threads());
-            crate::team::par_chunks_mut(x, per * self.dim, &|_, c| c.chunks_exact_mut(self.dim).for_each(&f));
+            crate::team::par_rows(x, self.dim, &f);
         } else {
             x.chunks_exact_mut(self.dim).for_each(f);
         }

@@ -33,6 +33,16 @@ pub fn note_held(before_bytes: usize, after_bytes: usize) {
     HELD.fetch_add(after_bytes as isize - before_bytes as isize, Ordering::Relaxed);
 }
 
+/// `buf` (a kept buffer) at least `n` values long, its growth counted as held scratch. Values
+/// already there stay; new ones are zero.
+pub fn grow(buf: &mut Vec<f32>, n: usize) {
+    if buf.len() < n {
+        let before = 4 * buf.capacity();
+        buf.resize(n, 0.0);
+        note_held(before, 4 * buf.capacity());
+    }
+}
+
 /// An `f32` buffer from the thread's pool, returned to the pool of the thread that drops it.
 #[derive(Debug, Default)]
 pub struct Buf {

@@ -183,6 +183,14 @@ pub fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, 
     });
 }
 
+/// `f(row)` for every row of `width` values in `data`, in two even tasks of whole rows per
+/// worker, through [`parallel_for`].
+pub fn par_rows<T: Send>(data: &mut [T], width: usize, f: &(dyn Fn(&mut [T]) + Sync)) {
+    assert!(width > 0, "row width 0");
+    let per = (data.len() / width).div_ceil(2 * rayon::current_num_threads()).max(1);
+    par_chunks_mut(data, per * width, &|_, c| c.chunks_exact_mut(width).for_each(f));
+}
+
 /// A task over matching chunks of two slices.
 pub type PairTask<'a, A, B> = &'a (dyn Fn(usize, &mut [A], &mut [B]) + Sync);
 

@@ -107,11 +107,20 @@ impl Export {
     /// Tensor `{key}.{suffix}` of `file` as f32, checked against `shape`.
     fn f32s(&self, file: &str, set: &SafetensorsSet, key: &str, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let ctx = || format!("{}: tensor '{key}.{suffix}'", self.dir.join(file).display());
+        self.shaped(file, set, key, suffix, shape)?.to_f32_vec().with_context(ctx)
+    }
+
+    /// Tensor `key.suffix`, checked to have `shape`.
+    fn shaped(&self, file: &str, set: &SafetensorsSet, key: &str, suffix: &str, shape: &[usize]) -> Result<HostTensor> {
         let t = self.tensor(file, set, &format!("{key}.{suffix}"))?;
         if t.shape != shape {
-            bail!("{}: has shape {:?}, expected {shape:?}", ctx(), t.shape);
+            bail!(
+                "{}: tensor '{key}.{suffix}': has shape {:?}, expected {shape:?}",
+                self.dir.join(file).display(),
+                t.shape
+            );
         }
-        t.to_f32_vec().with_context(ctx)
+        Ok(t)
     }
 
     fn tensor(&self, file: &str, set: &SafetensorsSet, name: &str) -> Result<HostTensor> {
@@ -280,13 +289,15 @@ impl Export {
         let path = self.dir.join(&file);
         let has = |suffix: &str| set.contains(&format!("{key}.{suffix}"));
         let ctx = |what: &str| format!("{}: tensor '{key}.{what}'", path.display());
-        let f32s = |suffix: &str, shape: &[usize]| self.f32s(&file, set, &key, suffix, shape);
         let Some(weight) = self.weight(&file, set, &key, out_f, in_f, true)? else { return Ok(None) };
         let mut lin = Linear::with_weight(canonical, out_f, in_f, weight);
         if has("lr_a") || has("lr_b") {
             let a = self.tensor(&file, set, &format!("{key}.lr_a"))?;
             let r = *a.shape.get(1).ok_or_else(|| anyhow!("{}: expected (Cout, r)", ctx("lr_a")))?;
-            lin.lowrank = Some(LowRank::from_f32(r, &f32s("lr_a", &[out_f, r])?, &f32s("lr_b", &[r, in_f])?));
+            let a = self.shaped(&file, set, &key, "lr_a", &[out_f, r])?;
+            let b = self.shaped(&file, set, &key, "lr_b", &[r, in_f])?;
+            let (fa, fb) = (a.floats().with_context(|| ctx("lr_a"))?, b.floats().with_context(|| ctx("lr_b"))?);
+            lin.lowrank = Some(LowRank::from_stored(r, fa, fb));
         }
         lin.rotation = self.rotation(&file, set, &key, in_f)?;
         Ok(Some(lin))

@@ -72,9 +72,23 @@ pub struct LowRank {
 }
 
 impl LowRank {
-    /// The factors rounded to FP16 (to nearest; exact for factors read from an export).
+    /// The factors rounded to FP16 (to nearest).
     pub fn from_f32(rank: usize, a: &[f32], b: &[f32]) -> LowRank {
         let bits = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        LowRank { rank, a: bits(a), b: bits(b) }
+    }
+
+    /// Factors as stored: FP16 bits copied as they are, other float types rounded to FP16.
+    pub fn from_stored(rank: usize, a: forge_core::tensor::FloatSlice, b: forge_core::tensor::FloatSlice) -> LowRank {
+        use forge_core::tensor::FloatSlice;
+        let bits = |v: FloatSlice| match v {
+            FloatSlice::F16(h) => h.to_vec(),
+            other => {
+                let mut f = vec![0f32; other.len()];
+                other.read_into(0, &mut f);
+                f.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect()
+            }
+        };
         LowRank { rank, a: bits(a), b: bits(b) }
     }
 
@@ -84,7 +98,8 @@ impl LowRank {
         (f(&self.a), f(&self.b))
     }
 
-    fn bytes(&self) -> usize {
+    /// Bytes the factors take.
+    pub fn bytes(&self) -> usize {
         2 * (self.a.len() + self.b.len())
     }
 }

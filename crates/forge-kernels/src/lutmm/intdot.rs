@@ -617,6 +617,7 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
     // streams past it), a multiple of 4 (the tile width, and whole row pairs).
     let rows = |cin: usize| ((4096 / cin.max(1)) & !3).clamp(4, 64);
     for_row_groups(ms, ys, rows, |m, g0, g, out, buf| {
+        crate::scratch::grow(buf, g * m.cin);
         let w = &mut buf[..g * m.cin];
         // The decode overwrites the rows it returns: no zeroing.
         m.decode_rows_with(simd, g0, g, w);
@@ -628,13 +629,14 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
 
 /// Splits the rows of each matrix into groups of `rows(cin)` (whole row pairs) and calls
 /// `body(matrix, first row, row count, its first output column in ys, buffer)` for each: in
-/// parallel, at least two tasks per worker, with a kept buffer of at least `rows · cin` values
-/// per worker for the decoded weights (a fresh one per task cost page faults and zeroing).
+/// parallel, at least two tasks per worker, with the worker's kept buffer for the decoded
+/// weights, which the body grows to what it needs (a fresh one per task cost page faults and
+/// zeroing).
 fn for_row_groups(
     ms: &[&DotMatrix],
     ys: &mut [&mut [f32]],
     rows: impl Fn(usize) -> usize,
-    body: impl Fn(&DotMatrix, usize, usize, *mut f32, &mut [f32]) + Sync,
+    body: impl Fn(&DotMatrix, usize, usize, *mut f32, &mut Vec<f32>) + Sync,
 ) {
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     let mut tasks = Vec::new();
@@ -652,11 +654,6 @@ fn for_row_groups(
         let (i, r0, n, rows) = tasks[ti];
         let m = ms[i];
         crate::scratch::with_kept(&DECODED, |buf: &mut Vec<f32>| {
-            if buf.len() < rows * m.cin {
-                let before = 4 * buf.capacity();
-                buf.resize(rows * m.cin, 0.0);
-                crate::scratch::note_held(before, 4 * buf.capacity());
-            }
             for g0 in (r0..r0 + n).step_by(rows) {
                 // (In bounds: g0 < cout, and `ys[i]` holds t × cout values.)
                 body(m, g0, rows.min(r0 + n - g0), outs[i].0.wrapping_add(g0), buf);
@@ -680,11 +677,7 @@ fn gemm_many_cols(ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&mut [f32]])
     assert!(ms.iter().all(|m| m.cin == cin), "matrices sharing an input have one width");
     let tp = t.div_ceil(64) * 64;
     crate::scratch::with_kept(&XT, |xt: &mut Vec<f32>| {
-        if xt.len() < cin * tp {
-            let before = 4 * xt.capacity();
-            xt.resize(cin * tp, 0.0);
-            crate::scratch::note_held(before, 4 * xt.capacity());
-        }
+        crate::scratch::grow(xt, cin * tp);
         // Two slices of inputs per worker. Rows past t up to a multiple of 16 are zeroed (the
         // tiles read whole vectors); those past that are never read.
         let kb = (cin.div_ceil(2 * rayon::current_num_threads()).div_ceil(16) * 16).max(16);
@@ -713,12 +706,9 @@ fn gemm_cols(ms: &[&DotMatrix], xt: &[f32], tp: usize, t: usize, ys: &mut [&mut 
         ys,
         |_| 8 * NJ,
         |m, g0, g, out, buf| {
+            crate::scratch::grow(buf, NJ * m.cin);
             crate::scratch::with_kept(&YT, |yt: &mut Vec<f32>| {
-                if yt.len() < g * tp {
-                    let before = 4 * yt.capacity();
-                    yt.resize(g * tp, 0.0);
-                    crate::scratch::note_held(before, 4 * yt.capacity());
-                }
+                crate::scratch::grow(yt, g * tp);
                 for j in (0..g).step_by(NJ) {
                     let n = NJ.min(g - j);
                     let w = &mut buf[..n * m.cin];
