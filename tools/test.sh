@@ -8,3 +8,5 @@ cargo test --workspace --release "$@"
 python3 -c 'import openai' 2>/dev/null || python3 -m pip install --quiet openai
 cargo build --release --bin forge
 python3 tools/test_openai_sdk.py --forge target/release/forge
+# The aarch64 NEON kernels, cross-built and run under QEMU (installs Debian's cross toolchain).
+bash tools/test_neon.sh

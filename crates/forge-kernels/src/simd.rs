@@ -71,6 +71,7 @@ macro_rules! axpy2_body {
 fn mul_add_plain(a: f32, b: f32, c: f32) -> f32 {
     a * b + c
 }
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn mul_add_fused(a: f32, b: f32, c: f32) -> f32 {
     a.mul_add(b, c)
@@ -113,6 +114,13 @@ pub fn has_avx2_fma() -> bool {
     {
         false
     }
+}
+
+/// Whether the integer-dot and LUT kernels have a SIMD build on this CPU: AVX2 + FMA on x86-64
+/// (detected at run time), NEON on aarch64 (part of the base architecture).
+#[inline]
+pub fn has_int_simd() -> bool {
+    cfg!(target_arch = "aarch64") || has_avx2_fma()
 }
 
 /// AVX-512 F with AVX2/FMA (prefill's 16-wide f32 tiles).

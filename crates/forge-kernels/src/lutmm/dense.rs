@@ -7,6 +7,7 @@ use forge_core::tensor::FloatSlice;
 /// Most input rows the fast path takes (more go to the blocked GEMM).
 pub const MAX_DENSE_T: usize = 4;
 /// Weight rows per parallel task.
+#[cfg(target_arch = "x86_64")]
 const ROW_BLOCK: usize = 64;
 
 /// AVX2 + FMA + F16C, detected once.
@@ -63,6 +64,7 @@ pub fn matmul_half(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = bf16;
         false
     }
 }

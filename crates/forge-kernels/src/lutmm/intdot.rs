@@ -86,6 +86,8 @@ pub fn isa() -> &'static str {
         (true, true, false) => "AVX-512 VNNI/VBMI (256-bit)",
         (true, false, true) => "AVX2, AVX-512 decode",
         (true, false, false) => "AVX2",
+        _ if cfg!(target_arch = "aarch64") && paired_layout() => "NEON with dot product",
+        _ if cfg!(target_arch = "aarch64") => "NEON",
         _ => "portable (no AVX2)",
     }
 }
@@ -95,6 +97,25 @@ pub fn isa() -> &'static str {
 /// change results).
 fn wide() -> bool {
     WIDE.load(std::sync::atomic::Ordering::Relaxed) && crate::simd::has_avx512_kernels()
+}
+
+/// Whether this CPU has kernels for the pair layout of the activations (`QuantX::paired`): the
+/// 512-bit x86 kernels (AVX-512 VBMI/VNNI), or on aarch64 the dot-product extension.
+pub fn paired_kernels() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        neon::has_dotprod()
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        crate::simd::has_avx2_fma() && crate::simd::has_avx512_kernels()
+    }
+}
+
+/// Whether activations are quantized in the pair layout: its kernels exist here and
+/// [`set_wide`] has not turned it off.
+fn paired_layout() -> bool {
+    WIDE.load(std::sync::atomic::Ordering::Relaxed) && paired_kernels()
 }
 
 /// AVX-512 variants allowed and the CPU has them.
@@ -333,8 +354,7 @@ impl QuantX {
     /// Quantize with 1 or 2 planes whatever the process-wide setting.
     pub fn with_planes(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
         let mut q = QuantX::default();
-        let simd = crate::simd::has_avx2_fma();
-        q.fill(x, t, cin, planes, simd, simd && wide());
+        q.fill(x, t, cin, planes, crate::simd::has_avx2_fma(), paired_layout());
         q
     }
 
@@ -356,8 +376,8 @@ impl QuantX {
 
     /// Quantize into this value's buffers (no allocation once they are large enough).
     pub fn requantize(&mut self, x: &[f32], t: usize, cin: usize) {
-        let simd = crate::simd::has_avx2_fma();
-        self.fill(x, t, cin, PLANES.load(std::sync::atomic::Ordering::Relaxed), simd, simd && wide())
+        let planes = PLANES.load(std::sync::atomic::Ordering::Relaxed);
+        self.fill(x, t, cin, planes, crate::simd::has_avx2_fma(), paired_layout())
     }
 
     /// The same through the portable code alone (the reference the AVX2 path must equal).
@@ -543,7 +563,7 @@ pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f
         assert_eq!(m.cin_pad, qx.cin_pad, "input width {} does not match the quantized activations", m.cin);
         assert_eq!(y.len(), qx.t * m.cout, "y has {} values, expected {}×{}", y.len(), qx.t, m.cout);
     }
-    let simd = simd && crate::simd::has_avx2_fma();
+    let simd = simd && crate::simd::has_int_simd();
     let mut outs = [OutPtr(std::ptr::null_mut()); super::MAX_SHARED];
     outs.iter_mut().zip(ys.iter_mut()).for_each(|(o, y)| *o = OutPtr(y.as_mut_ptr()));
     let outs = &outs[..ms.len()];
@@ -608,7 +628,7 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
         assert_eq!(x.len(), t * m.cin, "x has {} values, expected {t}×{}", x.len(), m.cin);
         assert_eq!(y.len(), t * m.cout, "y has {} values, expected {t}×{}", y.len(), m.cout);
     }
-    let simd = simd && crate::simd::has_avx2_fma();
+    let simd = simd && crate::simd::has_int_simd();
     #[cfg(target_arch = "x86_64")]
     if simd && avx512_f32() {
         return gemm_many_cols(ms, x, t, ys);
@@ -737,6 +757,11 @@ unsafe fn dot_rows(simd: bool, x: &[f32], t: usize, cin: usize, w: &[f32], n: us
     if simd && crate::simd::has_avx2_fma() {
         // SAFETY: AVX2/FMA present; the sizes are asserted above, `out` is the caller's.
         return avx2::dot_rows(x.as_ptr(), t, cin, w.as_ptr(), n, out, stride);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if simd {
+        // SAFETY: NEON is part of aarch64; the sizes are asserted above, `out` is the caller's.
+        return neon::dot_rows(x.as_ptr(), t, cin, w.as_ptr(), n, out, stride);
     }
     let _ = simd;
     for i in 0..t {
@@ -946,29 +971,31 @@ impl DotMatrix {
     /// [`DotMatrix::decode_rows`] through the AVX2 lookups when `simd` (same values: both are
     /// exact), for `r0` and `n` even with the vector formats (whole index rows).
     pub fn decode_rows_with(&self, simd: bool, r0: usize, n: usize, out: &mut [f32]) {
-        let nr = self.kind.rows();
         assert!(r0 + n <= self.cout && out.len() >= n * self.cin, "rows {r0}..{} of {}", r0 + n, self.cout);
-        #[cfg(target_arch = "x86_64")]
-        if simd && crate::simd::has_avx2_fma() && r0.is_multiple_of(nr) && n.is_multiple_of(nr) {
-            // SAFETY: AVX2 is present; index rows r0/nr.. (n/nr of them) lie in `data`, the
-            // scales r0..r0+n exist, and `out` holds n × cin values (asserted above).
-            unsafe {
-                avx2::decode_f32(
-                    self.kind,
-                    &avx2::DecodeArgs {
-                        tables: self.tables.as_ptr() as *const i8,
-                        row: self.data.bytes()[r0 / nr * self.row_bytes..].as_ptr(),
-                        row_bytes: self.row_bytes,
-                        n_idx: n / nr,
-                        cin: self.cin,
-                        scale: self.scale[r0..].as_ptr(),
-                        out: out.as_mut_ptr(),
-                    },
-                )
+        let nr = self.kind.rows();
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        if simd && crate::simd::has_int_simd() && r0.is_multiple_of(nr) && n.is_multiple_of(nr) {
+            let a = DecodeArgs {
+                tables: self.tables.as_ptr() as *const i8,
+                row: self.data.bytes()[r0 / nr * self.row_bytes..].as_ptr(),
+                row_bytes: self.row_bytes,
+                n_idx: n / nr,
+                cin: self.cin,
+                scale: self.scale[r0..].as_ptr(),
+                out: out.as_mut_ptr(),
             };
+            // SAFETY: AVX2 was detected (x86-64; NEON is part of aarch64); index rows r0/nr..
+            // (n/nr of them) lie in `data`, the scales r0..r0+n exist, and `out` holds n × cin
+            // values (asserted above).
+            unsafe {
+                #[cfg(target_arch = "x86_64")]
+                avx2::decode_f32(self.kind, &a);
+                #[cfg(target_arch = "aarch64")]
+                neon::decode_f32(self.kind, &a);
+            }
             return;
         }
-        let _ = simd;
+        let _ = (simd, nr);
         self.decode_rows(r0, n, out)
     }
 
@@ -1014,39 +1041,40 @@ impl DotMatrix {
     /// `y` must point to `qx.t × cout` values that no one else writes in these rows.
     unsafe fn rows(&self, simd: bool, g0: usize, n: usize, qx: &QuantX, y: OutPtr) {
         let nr = self.kind.rows();
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         if simd {
+            let a = Args {
+                tables: self.tables.as_ptr() as *const i8,
+                row: self.data.bytes()[g0 * self.row_bytes..].as_ptr(),
+                row_bytes: self.row_bytes,
+                n_rows: n,
+                nchunks: self.cin_pad / CHUNK,
+                cin_pad: self.cin_pad,
+                t: qx.t,
+                planes: qx.planes,
+                xq: qx.q.as_ptr(),
+                xq2: qx.q2.as_ptr(),
+                xs: qx.scale.as_ptr(),
+                corr: qx.corr.as_ptr(),
+                nblocks: qx.nblocks,
+                scale: self.scale[g0 * nr..].as_ptr(),
+                out: y.0.add(g0 * nr),
+                out_t_stride: self.cout,
+                paired: qx.paired,
+                xhl: qx.qhl.as_ptr(),
+            };
+            // SAFETY: the caller checked `has_int_simd`; the index rows g0..g0+n lie in `data`
+            // (plus the 8 bytes of slack the x86 vec2x64 load may touch), `xq` and `xq2` hold
+            // `t · cin_pad` values, `xs` `t · 2 · nblocks`, the tables what the kind reads, and
+            // `out` the rows g0·nr.. of `t` output rows (caller). Activations are paired only
+            // where `paired_kernels` (`QuantX::fill`).
             #[cfg(target_arch = "x86_64")]
-            {
-                let a = avx2::Args {
-                    tables: self.tables.as_ptr() as *const i8,
-                    row: self.data.bytes()[g0 * self.row_bytes..].as_ptr(),
-                    row_bytes: self.row_bytes,
-                    n_rows: n,
-                    nchunks: self.cin_pad / CHUNK,
-                    cin_pad: self.cin_pad,
-                    t: qx.t,
-                    planes: qx.planes,
-                    xq: qx.q.as_ptr(),
-                    xq2: qx.q2.as_ptr(),
-                    xs: qx.scale.as_ptr(),
-                    corr: qx.corr.as_ptr(),
-                    nblocks: qx.nblocks,
-                    scale: self.scale[g0 * nr..].as_ptr(),
-                    out: y.0.add(g0 * nr),
-                    out_t_stride: self.cout,
-                    paired: qx.paired,
-                    xhl: qx.qhl.as_ptr(),
-                };
-                // SAFETY: AVX2 was detected by the caller; the index rows g0..g0+n lie in
-                // `data` (plus the 8 bytes of slack the vec2x64 load may touch), `xq` and `xq2`
-                // hold `t · cin_pad` values, `xs` `t · 2 · nblocks`, the tables what the kind
-                // reads, and `out` the rows g0·nr.. of `t` output rows (caller).
-                avx2::rows(self.kind, &a);
-                return;
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("no SIMD backend on this architecture");
+            avx2::rows(self.kind, &a);
+            #[cfg(target_arch = "aarch64")]
+            neon::rows(self.kind, &a);
+            return;
         }
+        let _ = simd;
         let pass = self.kind.pass_t();
         let mut tmp = [0f32; 2 * PASS_T];
         for t0 in (0..qx.t).step_by(pass) {
@@ -1139,8 +1167,74 @@ impl DotMatrix {
     }
 }
 
+/// Index rows to decode to f32 rows of `cin` values (`scale[o] · q`, exact).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+struct DecodeArgs {
+    tables: *const i8,
+    row: *const u8,
+    row_bytes: usize,
+    n_idx: usize,
+    cin: usize,
+    scale: *const f32,
+    out: *mut f32,
+}
+
+/// One kernel call: `n_rows` index rows from `row` (`row_bytes` apart), `t` activation rows.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Args {
+    pub tables: *const i8,
+    pub row: *const u8,
+    pub row_bytes: usize,
+    pub n_rows: usize,
+    pub nchunks: usize,
+    pub cin_pad: usize,
+    pub t: usize,
+    pub planes: usize,
+    pub xq: *const i16,
+    /// `QuantX::q2`.
+    pub xq2: *const i8,
+    pub xs: *const f32,
+    /// `QuantX::corr`.
+    pub corr: *const i32,
+    pub nblocks: usize,
+    /// Scales of the output rows of the first index row on.
+    pub scale: *const f32,
+    /// Output of the first index row's first output row; activation rows `out_t_stride` apart.
+    pub out: *mut f32,
+    pub out_t_stride: usize,
+    /// The activations are one row in the pair layout of the 512-bit decode (`QuantX::paired`).
+    pub paired: bool,
+    /// `QuantX::qhl`.
+    pub xhl: *const i8,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl Args {
+    /// The same call for activation rows `t0..t0 + t` alone.
+    ///
+    /// # Safety
+    /// `t0 + t` within this call's rows.
+    unsafe fn rows_from(&self, t0: usize, t: usize) -> Args {
+        Args {
+            t,
+            xq: self.xq.add(t0 * self.cin_pad),
+            xq2: self.xq2.add(t0 * self.cin_pad),
+            xhl: self.xhl.add(if self.paired { t0 * (self.nchunks / 2) * 4 * CHUNK } else { 0 }),
+            xs: self.xs.add(t0 * self.nblocks * 2),
+            corr: self.corr.add(t0 * self.nblocks * 2 * LANES),
+            out: self.out.add(t0 * self.out_t_stride),
+            ..*self
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod zmm;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -1152,7 +1246,7 @@ mod avx2 {
     //! back out. Each block ends with exact 32-bit lane sums fused into f32 lanes
     //! ([`super::accumulate`]'s arithmetic) and each row with [`super::reduce_lanes`]' order,
     //! so the kernels equal the scalar reference bit for bit.
-    use super::{Kind, CHUNK, LANES, XBLOCK};
+    use super::{Args, DecodeArgs, Kind, CHUNK, LANES, XBLOCK};
     use std::arch::x86_64::*;
 
     const LUT4: u8 = 0;
@@ -1178,54 +1272,6 @@ mod avx2 {
     pub(super) const PREFETCH: usize = 2048;
     /// Most activation rows per kernel call (more are split).
     pub(super) const MAX_T: usize = super::GEMM_MIN_T - 1;
-
-    /// One kernel call: `n_rows` index rows from `row` (`row_bytes` apart), `t` activation rows.
-    #[derive(Clone, Copy)]
-    pub(super) struct Args {
-        pub tables: *const i8,
-        pub row: *const u8,
-        pub row_bytes: usize,
-        pub n_rows: usize,
-        pub nchunks: usize,
-        pub cin_pad: usize,
-        pub t: usize,
-        pub planes: usize,
-        pub xq: *const i16,
-        /// `QuantX::q2`.
-        pub xq2: *const i8,
-        pub xs: *const f32,
-        /// `QuantX::corr`.
-        pub corr: *const i32,
-        pub nblocks: usize,
-        /// Scales of the output rows of the first index row on.
-        pub scale: *const f32,
-        /// Output of the first index row's first output row; activation rows `out_t_stride` apart.
-        pub out: *mut f32,
-        pub out_t_stride: usize,
-        /// The activations are one row in the pair layout of the 512-bit decode (`QuantX::paired`).
-        pub paired: bool,
-        /// `QuantX::qhl`.
-        pub xhl: *const i8,
-    }
-
-    impl Args {
-        /// The same call for activation rows `t0..t0 + t` alone.
-        ///
-        /// # Safety
-        /// `t0 + t` within this call's rows.
-        pub(super) unsafe fn rows_from(&self, t0: usize, t: usize) -> Args {
-            Args {
-                t,
-                xq: self.xq.add(t0 * self.cin_pad),
-                xq2: self.xq2.add(t0 * self.cin_pad),
-                xhl: self.xhl.add(if self.paired { t0 * (self.nchunks / 2) * 4 * CHUNK } else { 0 }),
-                xs: self.xs.add(t0 * self.nblocks * 2),
-                corr: self.corr.add(t0 * self.nblocks * 2 * LANES),
-                out: self.out.add(t0 * self.out_t_stride),
-                ..*self
-            }
-        }
-    }
 
     /// # Safety
     /// AVX2 must be available and `a` describe valid buffers (see `DotMatrix::rows`).
@@ -1589,18 +1635,6 @@ mod avx2 {
         let p0 = _mm256_madd_epi16(lo, _mm256_loadu_si256(x));
         let p1 = _mm256_madd_epi16(hi, _mm256_loadu_si256(x.add(1)));
         _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1))
-    }
-
-    /// Index rows to decode to f32 rows of `cin` values (`scale[o] · q`, exact).
-    #[derive(Clone, Copy)]
-    pub(super) struct DecodeArgs {
-        pub tables: *const i8,
-        pub row: *const u8,
-        pub row_bytes: usize,
-        pub n_idx: usize,
-        pub cin: usize,
-        pub scale: *const f32,
-        pub out: *mut f32,
     }
 
     /// # Safety

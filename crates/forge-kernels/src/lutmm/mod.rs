@@ -24,6 +24,8 @@ pub mod dense;
 mod int8;
 pub mod intdot;
 mod lut;
+#[cfg(target_arch = "aarch64")]
+mod tile_neon;
 mod vec2;
 
 use crate::lut::{Format, Int8Matrix, LutMatrix};
@@ -63,15 +65,38 @@ const PAD: usize = 8;
 pub enum Backend {
     /// Portable reference on the packed layout.
     Scalar,
-    /// AVX2 + FMA (x86-64, detected at run time).
+    /// AVX2 + FMA (x86-64, detected at run time; AVX-512 variants where present).
     Avx2,
+    /// NEON (aarch64).
+    Neon,
 }
 
 impl Backend {
     /// The fastest backend this CPU supports.
     pub fn best() -> Backend {
-        if crate::simd::has_avx2_fma() {
+        if cfg!(target_arch = "aarch64") {
+            Backend::Neon
+        } else if crate::simd::has_avx2_fma() {
             Backend::Avx2
+        } else {
+            Backend::Scalar
+        }
+    }
+
+    /// Whether this backend runs here: a SIMD backend of another architecture, or AVX2 on a
+    /// CPU without it, falls back to the scalar reference.
+    pub fn available(self) -> bool {
+        match self {
+            Backend::Scalar => true,
+            Backend::Avx2 => crate::simd::has_avx2_fma(),
+            Backend::Neon => cfg!(target_arch = "aarch64"),
+        }
+    }
+
+    /// This backend if it runs here, else the scalar reference.
+    fn here(self) -> Backend {
+        if self.available() {
+            self
         } else {
             Backend::Scalar
         }
@@ -166,7 +191,7 @@ impl PackedMatrix {
     /// `y = x Wᵀ` with a chosen backend (falls back to scalar when AVX2 is absent).
     pub fn matmul_with(&self, backend: Backend, x: &[f32], t: usize, y: &mut [f32]) {
         match &self.imp {
-            Imp::Dot(d) => d.matmul_with(backend == Backend::Avx2, x, t, y),
+            Imp::Dot(d) => d.matmul_with(backend.here() != Backend::Scalar, x, t, y),
             Imp::Tiles(m) => m.matmul_with(backend, x, t, y),
         }
     }
@@ -201,7 +226,7 @@ pub fn matmul_shared(ms: &[&PackedMatrix], x: &[f32], t: usize, ys: &mut [&mut [
             std::array::from_fn(|i| ms.get(i).and_then(|m| m.as_dot()).unwrap_or(first));
         let d = &dots[..ms.len()];
         assert_eq!(x.len(), t * d[0].cin, "x has {} values, expected {t}×{}", x.len(), d[0].cin);
-        let simd = Backend::best() == Backend::Avx2;
+        let simd = Backend::best() != Backend::Scalar;
         if simd && intdot::f32_path(t) {
             return intdot::gemm_many(simd, d, x, t, ys);
         }
@@ -317,7 +342,7 @@ impl TileMatrix {
         let (cout, cin) = (self.cout, self.cin);
         assert_eq!(x.len(), t * cin, "x has {} values, expected {t}×{cin}", x.len());
         assert_eq!(y.len(), t * cout, "y has {} values, expected {t}×{cout}", y.len());
-        let backend = if backend == Backend::Avx2 && !crate::simd::has_avx2_fma() { Backend::Scalar } else { backend };
+        let backend = backend.here();
         for t0 in (0..t).step_by(MAX_T) {
             let tc = MAX_T.min(t - t0);
             self.chunk(backend, &x[t0 * cin..(t0 + tc) * cin], tc, &mut y[t0 * cout..(t0 + tc) * cout]);
@@ -381,6 +406,17 @@ impl TileMatrix {
                     }
                 }
                 #[cfg(not(target_arch = "x86_64"))]
+                self.tile_scalar(data, x, tc, out)
+            }
+            Backend::Neon => {
+                #[cfg(target_arch = "aarch64")]
+                // SAFETY: NEON is part of aarch64 (`matmul_with` downgrades to Scalar elsewhere);
+                // `data` holds this tile's cin·bytes_per_col bytes plus at least PAD bytes, the
+                // table what the kind reads, x tc·cin values and out tc·rows_per_tile, tc ≤ MAX_T.
+                unsafe {
+                    tile_neon::tile(self.kind, &self.table, data, self.cin, x, tc, out)
+                }
+                #[cfg(not(target_arch = "aarch64"))]
                 self.tile_scalar(data, x, tc, out)
             }
         }

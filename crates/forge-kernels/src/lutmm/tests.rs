@@ -92,16 +92,17 @@ fn run_all(label: &str, p: &PackedMatrix, w: &[f32], rng: &mut Rng) {
         } else {
             check(&format!("{label} scalar vs dense"), &ys, &r, &x, w, t, cout, cin);
         }
-        if crate::simd::has_avx2_fma() {
+        let best = Backend::best();
+        if best != Backend::Scalar {
             let mut ya = vec![f32::NAN; t * cout];
-            p.matmul_with(Backend::Avx2, &x, t, &mut ya);
+            p.matmul_with(best, &x, t, &mut ya);
             if p.is_int_dot() && t < intdot::GEMM_MIN_T {
                 // Exact integer block sums and one shared f32 step: identical bits.
                 for (i, (a, b)) in ya.iter().zip(&ys).enumerate() {
-                    assert_eq!(a.to_bits(), b.to_bits(), "{label} t={t} avx2 vs scalar, value {i}: {a} vs {b}");
+                    assert_eq!(a.to_bits(), b.to_bits(), "{label} t={t} {best:?} vs scalar, value {i}: {a} vs {b}");
                 }
             } else {
-                check(&format!("{label} avx2 vs scalar"), &ya, &ys, &x, w, t, cout, cin);
+                check(&format!("{label} {best:?} vs scalar"), &ya, &ys, &x, w, t, cout, cin);
             }
         }
     }
@@ -175,7 +176,7 @@ fn integer_dot_propagates_non_finite_inputs() {
     for bad in [f32::NAN, f32::INFINITY] {
         let mut x: Vec<f32> = (0..200).map(|_| rng.f()).collect();
         x[150] = bad;
-        for backend in [Backend::Scalar, Backend::Avx2] {
+        for backend in [Backend::Scalar, Backend::best()] {
             let mut y = vec![0f32; 16];
             p.matmul_with(backend, &x, 1, &mut y);
             assert!(y.iter().all(|v| v.is_nan()), "{backend:?} {bad}: {y:?}");
@@ -204,7 +205,7 @@ fn extreme_indices_and_int8_values_decode() {
         for j in 0..cin {
             let mut x = vec![0f32; cin];
             x[j] = 1.0;
-            for backend in [Backend::Scalar, Backend::Avx2] {
+            for backend in [Backend::Scalar, Backend::best()] {
                 let mut y = vec![0f32; cout];
                 p.matmul_with(backend, &x, 1, &mut y);
                 let col: Vec<f32> = (0..cout).map(|o| w[o * cin + j]).collect();
@@ -224,7 +225,7 @@ fn extreme_indices_and_int8_values_decode() {
         for j in 0..4 {
             let mut x = vec![0f32; 4];
             x[j] = 1.0;
-            for backend in [Backend::Scalar, Backend::Avx2] {
+            for backend in [Backend::Scalar, Backend::best()] {
                 let mut y = vec![0f32; 8];
                 p.matmul_with(backend, &x, 1, &mut y);
                 for (o, &v) in y.iter().enumerate() {
@@ -249,7 +250,7 @@ fn integer_sums_are_exact_at_the_extremes() {
             let p = PackedMatrix::from_int8(&m);
             let x = vec![xv; cin];
             let want = wv as f32 * xv * cin as f32;
-            for backend in [Backend::Scalar, Backend::Avx2] {
+            for backend in [Backend::Scalar, Backend::best()] {
                 let mut y = vec![0f32; 9];
                 p.matmul_with(backend, &x, 1, &mut y);
                 assert!(
@@ -281,7 +282,7 @@ fn second_plane_sums_are_exact_at_the_extremes() {
             }
             // The same codes in every column: the 512-bit decode's pair layout holds the same
             // values, so both layouts are this one.
-            for paired in [false, crate::simd::has_avx512_kernels()] {
+            for paired in [false, intdot::paired_kernels()] {
                 let qx = QuantX {
                     t: 1,
                     planes: 2,
@@ -592,8 +593,8 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
                     set_avx512(true);
                     assert_eq!(bits(&y), bits(&want), "{format:?} {cout}x{cin} t={t} planes={planes} avx512={avx512}");
                 }
-                if crate::simd::has_avx512_kernels() {
-                    // The 512-bit kernels, in the pair layout: the kernels and the scalar reference
+                if intdot::paired_kernels() {
+                    // The 512-bit kernels (aarch64: the dot-product kernel), in the pair layout: the kernels and the scalar reference
                     // reading that layout (its codes use a slightly smaller range: its own
                     // reference, and dequantize-then-matmul within the activation bound).
                     let qp = QuantX::paired(&x, t, cin, planes);
@@ -621,7 +622,7 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
             }
         }
     }
-    eprintln!("AVX-512 kernels on this CPU: {}", crate::simd::has_avx512_kernels());
+    eprintln!("integer kernels on this CPU: {}", intdot::isa());
 }
 
 #[test]

@@ -24,10 +24,10 @@
 //! 256-bit code, on the plain layout (and lanes) that `QuantX` keeps for it.
 
 use super::avx2::{
-    chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, reduce, reduce8, tabs, Args, DecodeArgs, Tabs,
-    INT8X, LUT4X, PER_BLOCK, PREFETCH, VEC16X, VEC64X,
+    chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, reduce, reduce8, tabs, Tabs, INT8X, LUT4X,
+    PER_BLOCK, PREFETCH, VEC16X, VEC64X,
 };
-use super::{CHUNK, LANES};
+use super::{Args, DecodeArgs, CHUNK, LANES};
 use std::arch::x86_64::*;
 
 /// Pairs in flight per row, each with its own accumulators: a pair's multiply-adds go
