@@ -188,7 +188,7 @@ impl PackedMatrix {
         self.matmul_with(Backend::best(), x, t, y)
     }
 
-    /// `y = x Wᵀ` with a chosen backend (falls back to scalar when AVX2 is absent).
+    /// `y = x Wᵀ` with a chosen backend (the scalar reference where that backend does not run).
     pub fn matmul_with(&self, backend: Backend, x: &[f32], t: usize, y: &mut [f32]) {
         match &self.imp {
             Imp::Dot(d) => d.matmul_with(backend.here() != Backend::Scalar, x, t, y),
