@@ -281,7 +281,7 @@ unsafe fn row_paired<const K: u8, const P: usize>(a: &Args, tb: &Tabs, r: usize,
             let xhl = hl.add(i / 2 * 4 * CHUNK);
             let x2 = q2.add(i * CHUNK);
             let xs = [xhl, xhl.add(2 * CHUNK), x2];
-            for (plane, &xp) in xs.iter().enumerate().take(2 + P - 1) {
+            for (plane, &xp) in xs.iter().enumerate().take(P + 1) {
                 let x = [vld1q_s8(xp), vld1q_s8(xp.add(16)), vld1q_s8(xp.add(32)), vld1q_s8(xp.add(48))];
                 for (v, av) in acc.iter_mut().enumerate().take(nw(K)) {
                     let ap = &mut av[plane];
@@ -325,12 +325,13 @@ unsafe fn rows_k<const K: u8, const P: usize>(a: &Args) {
     for r in 0..a.n_rows {
         let mut t0 = 0;
         while t0 < a.t {
-            if pass_t(K) == 2 && a.t - t0 >= 2 {
+            let step = pass_t(K).min(a.t - t0);
+            if step == 2 {
                 row::<K, P, 2>(a, &tb, r, t0);
             } else {
                 row::<K, P, 1>(a, &tb, r, t0);
             }
-            t0 += if pass_t(K) == 2 && a.t - t0 >= 2 { 2 } else { 1 };
+            t0 += step;
         }
     }
 }
