@@ -236,7 +236,8 @@ pub struct QuantX {
     pub q2: Vec<i8>,
     /// `t × nblocks × 2`: `(s₁, s₂)` per block.
     pub scale: Vec<f32>,
-    /// The pair layout of the 512-bit x86 kernels and the NEON `sdot` kernel ([`paired_kernels`]): codes within ±[`XMAX_PAIRED`], each
+    /// The pair layout, read by the 512-bit x86 kernels and the NEON `sdot` kernel
+    /// ([`paired_kernels`]): codes within ±[`XMAX_PAIRED`], each
     /// whole pair of chunks `A, B` (64 columns) also as the bytes of `q₁ = 256·h + l` in
     /// [`QuantX::qhl`], and `q₂` in pair order `[A 0–15, B 0–15, A 16–31, B 16–31]` (read
     /// through [`QuantX::chunk`], which undoes it). In those pairs the 16-bit plane's lanes are
