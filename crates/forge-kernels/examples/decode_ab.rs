@@ -14,11 +14,7 @@ mod common;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (cout, cin) = args
-        .get(1)
-        .and_then(|s| s.split_once('x'))
-        .map(|(a, b)| (a.parse().expect("cout"), b.parse().expect("cin")))
-        .unwrap_or((1536, 576));
+    let (cout, cin) = common::shape_arg(&args, 1, (1536, 576));
     let rounds: usize = args.get(2).map(|s| s.parse().expect("rounds")).unwrap_or(15);
     let t: usize = args.get(3).map(|s| s.parse().expect("rows")).unwrap_or(1);
     let mut rng = common::Rng::new();

@@ -25,7 +25,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub const CACHE_FILE: &str = "packed.forgecache";
-const VERSION: &str = "2";
+/// 3: 16 bytes of slack after each matrix's index rows (was 8), and vec2x64's layout recorded.
+const VERSION: &str = "3";
+
+/// The metadata entry naming vec2x64's index layout, and its values.
+const VEC64_LAYOUT: &str = "vec2x64_layout";
+
+fn vec64_layout_here() -> &'static str {
+    if forge_kernels::lutmm::intdot::six_bit_layout() {
+        "six-bit"
+    } else {
+        "nibble"
+    }
+}
 /// Data starts on this boundary (the header is padded with spaces, as safetensors allows).
 const ALIGN: usize = 64;
 
@@ -98,6 +110,12 @@ impl Compiled {
         if c.metadata.get("fingerprint") != Some(&fingerprint(ex)?) {
             return Ok(Err(Some("it was compiled from other weights".into())));
         }
+        let here = vec64_layout_here();
+        if let Some(l) = c.metadata.get(VEC64_LAYOUT).filter(|l| l.as_str() != here) {
+            return Ok(Err(Some(format!(
+                "its vec2x64 matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
+            ))));
+        }
         Ok(Ok(c))
     }
 
@@ -167,7 +185,8 @@ impl Compiled {
             self.map[s0..s1].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         let src: Arc<dyn AsRef<[u8]> + Send + Sync> = self.map.clone();
         let blob = Blob::Shared { src, offset: d0, len: d1 - d0 };
-        let dl = DotLayout { kind: kind.to_string(), cout, cin };
+        let six = kind == "vec2x64" && self.metadata.get(VEC64_LAYOUT).map(String::as_str) == Some("six-bit");
+        let dl = DotLayout { kind: kind.to_string(), cout, cin, six };
         let d = DotMatrix::from_parts(&dl, blob, &tables, scale).with_context(ctx)?;
         let format = forge_kernels::lut::Format::parse(kind).with_context(ctx)?;
         Ok(Some(PackedMatrix::from_dot(format, d)))
@@ -210,6 +229,7 @@ pub fn compile(dir: &Path, force: bool, progress: &dyn Fn(usize, usize)) -> Resu
     let mut header = Map::new();
     let mut meta = Map::new();
     meta.insert("version".into(), VERSION.into());
+    meta.insert(VEC64_LAYOUT.into(), vec64_layout_here().into());
     meta.insert("fingerprint".into(), fp.into());
     meta.insert("format".into(), "forge packed cache (integer-dot layout)".into());
     let mut plan = Vec::new();

@@ -1,6 +1,7 @@
 //! `forge compile`'s cache on a quantized tiny qwen3_5 fixture: the compiled export loads its
 //! integer-dot matrices from the mapped cache and computes bit-identical logits; a second
-//! compile reuses the cache; a cache from other weights or a damaged one is ignored, never used.
+//! compile reuses the cache; a cache from other weights, for the other vec2x64 layout, or a
+//! damaged one is ignored, never used.
 
 mod common;
 
@@ -95,5 +96,20 @@ fn compiled_cache_is_used_reused_and_checked() {
     assert!(!rebuilt.reused);
     assert_eq!(std::fs::read(out.join(CACHE_FILE)).unwrap(), bytes, "rebuilt as before");
     assert_eq!(logits(&out, &toks).1, plain0 - 1);
+
+    // vec2x64 packs to the six-bit layout where the AVX-512 kernels run and to the nibble
+    // layout without them: a cache compiled for the other layout is ignored (the matrices are
+    // packed afresh, same logits) and `compile` rebuilds it.
+    use forge_kernels::lutmm::intdot::{set_avx512, six_bit_layout};
+    if six_bit_layout() {
+        set_avx512(false);
+        assert!(!compile(&out, true, &|_, _| {}).unwrap().reused);
+        set_avx512(true);
+        let (l, packed, _) = logits(&out, &toks);
+        assert_eq!(packed, 0, "a cache of the nibble layout is not used by the six-bit kernels");
+        assert_eq!(l, before);
+        assert!(!compile(&out, false, &|_, _| {}).unwrap().reused);
+        assert_eq!(std::fs::read(out.join(CACHE_FILE)).unwrap(), bytes, "rebuilt in this CPU's layout");
+    }
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -3,6 +3,15 @@
 use forge_kernels::lut::{Format, LutMatrix};
 use forge_kernels::lutmm::intdot::DotMatrix;
 
+/// Argument `i` as a `COUTxCIN` shape, or `default`.
+#[allow(dead_code)] // each example builds this module; `prefill_gemm` takes no shape
+pub fn shape_arg(args: &[String], i: usize, default: (usize, usize)) -> (usize, usize) {
+    args.get(i)
+        .and_then(|s| s.split_once('x'))
+        .map(|(a, b)| (a.parse().expect("cout"), b.parse().expect("cin")))
+        .unwrap_or(default)
+}
+
 /// Xorshift64 with a fixed seed: every run times the same data.
 pub struct Rng(u64);
 

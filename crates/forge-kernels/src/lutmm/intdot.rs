@@ -780,7 +780,31 @@ pub struct DotLayout {
     pub kind: String,
     pub cout: usize,
     pub cin: usize,
+    /// vec2x64 in the six-bit stream layout (see [`six_bit_layout`]).
+    pub six: bool,
 }
+
+/// Whether vec2x64 matrices pack to the six-bit stream layout here: each chunk's 32 indices as
+/// one little-endian stream of 6-bit fields (24 bytes), which AVX-512 VBMI spreads and extracts
+/// with one `vpermb` and one `vpmultishiftqb` per 64 indices, where the nibble layout (low four
+/// bits as nibbles, the top two bits in a byte per eight columns) took six instructions. AVX2
+/// and NEON, without a byte shift per lane, keep the nibble layout. The choice follows
+/// [`set_avx512`] at the time of packing; a six-bit matrix met later by other kernels goes
+/// through the scalar reference.
+pub fn six_bit_layout() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Bytes after the last index row: the 512-bit six-bit vec2x64 kernel loads 64 bytes for a
+/// pair of chunks' 48.
+const SLACK: usize = 16;
 
 /// Packed index bytes: owned, or a range of shared memory (a memory-mapped cache file).
 #[derive(Clone)]
@@ -826,6 +850,8 @@ pub struct DotMatrix {
     groups: usize,
     row_bytes: usize,
     data: Blob,
+    /// vec2x64 in the six-bit stream layout ([`six_bit_layout`]).
+    six: bool,
     /// lut4: one table; vec2x16: one per component; vec2x64: four difference tables per
     /// component; int8: none.
     tables: Vec<[i8; 16]>,
@@ -873,17 +899,20 @@ impl DotMatrix {
         };
         let scale = m.scale.iter().map(|&s| s * f).collect();
         let (idx, cin) = (&m.idx, m.cin);
-        Some(Self::build(kind, m.cout, cin, tables, scale, |g, j| idx[g * cin + j]))
+        let six = kind == Kind::Vec2x64 && six_bit_layout();
+        Some(Self::build(kind, six, m.cout, cin, tables, scale, |g, j| idx[g * cin + j]))
     }
 
     /// Pack an INT8 matrix.
     pub fn from_int8(m: &Int8Matrix) -> DotMatrix {
         let (q, cin) = (&m.q, m.cin);
-        Self::build(Kind::Int8, m.cout, cin, Vec::new(), m.scale.clone(), |g, j| q[g * cin + j] as u8)
+        Self::build(Kind::Int8, false, m.cout, cin, Vec::new(), m.scale.clone(), |g, j| q[g * cin + j] as u8)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         kind: Kind,
+        six: bool,
         cout: usize,
         cin: usize,
         tables: Vec<[i8; 16]>,
@@ -894,8 +923,7 @@ impl DotMatrix {
         let groups = cout / kind.rows();
         let cb = kind.chunk_bytes();
         let row_bytes = cin_pad / CHUNK * cb;
-        // 8 bytes of slack: the vec2x64 kernel reads its high bits with an 8-byte load.
-        let mut data = vec![0u8; groups * row_bytes + 8];
+        let mut data = vec![0u8; groups * row_bytes + SLACK];
         if row_bytes > 0 {
             data[..groups * row_bytes].par_chunks_mut(row_bytes).enumerate().for_each(|(g, row)| {
                 let at = |j: usize| if j < cin { get(g, j) } else { 0 };
@@ -903,6 +931,17 @@ impl DotMatrix {
                     let j0 = c * CHUNK;
                     match kind {
                         Kind::Int8 => (0..32).for_each(|m| out[m] = at(j0 + m)),
+                        Kind::Vec2x64 if six => {
+                            // Index m at bits 6m..6m + 6 of the chunk, little-endian.
+                            for m in 0..32 {
+                                let (bit, i) = (6 * m, (at(j0 + m) & 63) as u32);
+                                let v = i << (bit % 8);
+                                out[bit / 8] |= v as u8;
+                                if v >> 8 != 0 {
+                                    out[bit / 8 + 1] |= (v >> 8) as u8;
+                                }
+                            }
+                        }
                         _ => {
                             for (b, o) in out[..16].iter_mut().enumerate() {
                                 *o = (at(j0 + b) & 15) | (at(j0 + 16 + b) & 15) << 4;
@@ -918,13 +957,13 @@ impl DotMatrix {
                 }
             });
         }
-        DotMatrix { cout, cin, kind, cin_pad, groups, row_bytes, data: Blob::Owned(data), tables, scale }
+        DotMatrix { cout, cin, kind, cin_pad, groups, row_bytes, data: Blob::Owned(data), six, tables, scale }
     }
 
     /// The packed form as stored in a compiled cache: `(layout, data, tables, scales)` with the
     /// layout naming the kind and shape.
     pub fn parts(&self) -> (DotLayout, &[u8], Vec<i8>, &[f32]) {
-        let layout = DotLayout { kind: self.kind.name().to_string(), cout: self.cout, cin: self.cin };
+        let layout = DotLayout { kind: self.kind.name().to_string(), cout: self.cout, cin: self.cin, six: self.six };
         (layout, self.data.bytes(), self.tables.iter().flatten().copied().collect(), &self.scale)
     }
 
@@ -932,7 +971,7 @@ impl DotMatrix {
     pub fn sizes(layout: &DotLayout) -> anyhow::Result<(usize, usize, usize)> {
         let kind = Kind::parse(&layout.kind)?;
         let cin_pad = layout.cin.div_ceil(CHUNK) * CHUNK;
-        let data = layout.cout / kind.rows() * (cin_pad / CHUNK * kind.chunk_bytes()) + 8;
+        let data = layout.cout / kind.rows() * (cin_pad / CHUNK * kind.chunk_bytes()) + SLACK;
         Ok((data, 16 * kind.n_tables(), 4 * layout.cout))
     }
 
@@ -943,7 +982,7 @@ impl DotMatrix {
         if kind != Kind::Int8 {
             int8_codebook(codebook)?;
         }
-        Some(DotLayout { kind: kind.name().into(), cout, cin })
+        Some(DotLayout { kind: kind.name().into(), cout, cin, six: kind == Kind::Vec2x64 && six_bit_layout() })
     }
 
     /// Rebuild from [`DotMatrix::parts`], the index data shared (e.g. memory-mapped), checking
@@ -955,7 +994,8 @@ impl DotMatrix {
         let cin_pad = cin.div_ceil(CHUNK) * CHUNK;
         let groups = cout / kind.rows();
         let row_bytes = cin_pad / CHUNK * kind.chunk_bytes();
-        let want = groups * row_bytes + 8;
+        let want = groups * row_bytes + SLACK;
+        anyhow::ensure!(!layout.six || kind == Kind::Vec2x64, "the six-bit layout is vec2x64's, not {}", layout.kind);
         anyhow::ensure!(data.bytes().len() == want, "index data has {} bytes, expected {want}", data.bytes().len());
         let n_tables = kind.n_tables();
         anyhow::ensure!(
@@ -966,7 +1006,7 @@ impl DotMatrix {
         );
         anyhow::ensure!(scale.len() == cout, "{} scales, expected {cout}", scale.len());
         let tables = tables.chunks(16).map(|c| std::array::from_fn(|i| c[i])).collect();
-        Ok(DotMatrix { cout, cin, kind, cin_pad, groups, row_bytes, data, tables, scale })
+        Ok(DotMatrix { cout, cin, kind, cin_pad, groups, row_bytes, data, six: layout.six, tables, scale })
     }
 
     /// [`DotMatrix::decode_rows`] through the AVX2 lookups when `simd` (same values: both are
@@ -974,9 +1014,12 @@ impl DotMatrix {
     pub fn decode_rows_with(&self, simd: bool, r0: usize, n: usize, out: &mut [f32]) {
         assert!(r0 + n <= self.cout && out.len() >= n * self.cin, "rows {r0}..{} of {}", r0 + n, self.cout);
         let nr = self.kind.rows();
+        // A six-bit matrix takes the AVX-512 kernels or the reference.
+        let simd = simd && (!self.six || six_bit_layout());
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         if simd && crate::simd::has_int_simd() && r0.is_multiple_of(nr) && n.is_multiple_of(nr) {
             let a = DecodeArgs {
+                six: self.six,
                 tables: self.tables.as_ptr() as *const i8,
                 row: self.data.bytes()[r0 / nr * self.row_bytes..].as_ptr(),
                 row_bytes: self.row_bytes,
@@ -1042,9 +1085,11 @@ impl DotMatrix {
     /// `y` must point to `qx.t × cout` values that no one else writes in these rows.
     unsafe fn rows(&self, simd: bool, g0: usize, n: usize, qx: &QuantX, y: OutPtr) {
         let nr = self.kind.rows();
+        let simd = simd && (!self.six || six_bit_layout());
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         if simd {
             let a = Args {
+                six: self.six,
                 tables: self.tables.as_ptr() as *const i8,
                 row: self.data.bytes()[g0 * self.row_bytes..].as_ptr(),
                 row_bytes: self.row_bytes,
@@ -1065,7 +1110,7 @@ impl DotMatrix {
                 xhl: qx.qhl.as_ptr(),
             };
             // SAFETY: the caller checked `has_int_simd`; the index rows g0..g0+n lie in `data`
-            // (plus the 8 bytes of slack the x86 vec2x64 load may touch), `xq` and `xq2` hold
+            // (plus the `SLACK` bytes the x86 vec2x64 loads may touch), `xq` and `xq2` hold
             // `t · cin_pad` values, `xs` `t · 2 · nblocks`, the tables what the kind reads, and
             // `out` the rows g0·nr.. of `t` output rows (caller). Activations are paired only
             // where `paired_kernels` (`QuantX::fill`).
@@ -1098,6 +1143,11 @@ impl DotMatrix {
         let cb = self.kind.chunk_bytes();
         let p = &row[c * cb..(c + 1) * cb];
         let idx = |m: usize| -> usize {
+            if self.six {
+                let bit = 6 * m;
+                let v = p[bit / 8] as usize | (p.get(bit / 8 + 1).copied().unwrap_or(0) as usize) << 8;
+                return (v >> (bit % 8)) & 63;
+            }
             let lo = if m < 16 { p[m] & 15 } else { p[m - 16] >> 4 };
             let hi = if self.kind == Kind::Vec2x64 {
                 let (b, q) = (p[16 + m % 8], m / 8);
@@ -1172,6 +1222,8 @@ impl DotMatrix {
 #[derive(Clone, Copy)]
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 struct DecodeArgs {
+    /// vec2x64 in the six-bit layout.
+    six: bool,
     tables: *const i8,
     row: *const u8,
     row_bytes: usize,
@@ -1185,6 +1237,8 @@ struct DecodeArgs {
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Args {
+    /// vec2x64 in the six-bit layout.
+    pub six: bool,
     pub tables: *const i8,
     pub row: *const u8,
     pub row_bytes: usize,
@@ -1258,14 +1312,17 @@ mod avx2 {
     /// `vpdpbusd` multiply and accumulate in one instruction where AVX2 takes two or three, and
     /// vec2x64's 64-entry lookups are one VBMI `vpermi2b` each.
     const X512: u8 = 8;
+    /// Added to vec2x64's AVX-512 variant: the six-bit layout ([`super::six_bit_layout`]).
+    const SIX: u8 = 16;
 
-    /// The kind without the instruction-set bit.
+    /// The kind without the instruction-set and layout bits.
     const fn base(k: u8) -> u8 {
-        k & !X512
+        k & !(X512 | SIX)
     }
     pub(super) const LUT4X: u8 = LUT4 | X512;
     pub(super) const VEC16X: u8 = VEC16 | X512;
     pub(super) const VEC64X: u8 = VEC64 | X512;
+    pub(super) const VEC64S: u8 = VEC64 | X512 | SIX;
     pub(super) const INT8X: u8 = INT8 | X512;
     /// Chunks per activation block.
     pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
@@ -1310,6 +1367,7 @@ mod avx2 {
             return match kind {
                 Kind::Lut4 => go!(LUT4X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x16 => go!(VEC16X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Vec2x64 if a.six => go!(VEC64S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x64 => go!(VEC64X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Int8 => go!(INT8X, decode_rows_x512, pass_rows_x512, block_rows_x512),
             };
@@ -1391,6 +1449,27 @@ mod avx2 {
         _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), m15)
     }
 
+    /// `vpermb` control for [`weights`]' six-bit chunks: 64-bit word `j` gets bytes `6j..6j + 6`.
+    #[inline(always)]
+    unsafe fn six_spread256() -> __m256i {
+        const C: [u8; 32] = {
+            let mut c = [0u8; 32];
+            let mut k = 0;
+            while k < 32 {
+                c[k] = (6 * (k / 8) + k % 8) as u8;
+                k += 1;
+            }
+            c
+        };
+        _mm256_loadu_si256(C.as_ptr() as *const __m256i)
+    }
+
+    /// `vpmultishiftqb` control for six-bit fields: byte `i` of each word from bit `6i`.
+    #[inline(always)]
+    pub(super) unsafe fn six_shifts256() -> __m256i {
+        _mm256_set1_epi64x(0x2A24_1E18_120C_0600)
+    }
+
     /// A 64-entry lookup: four 16-entry lookups with the low index bits, picked by bit 4 (top
     /// bit of `b4`) and bit 5 (top bit of `b5`).
     #[inline(always)]
@@ -1418,6 +1497,15 @@ mod avx2 {
                 let b4 = _mm256_slli_epi16::<1>(b5);
                 let lo = nibbles(p, tb.m15);
                 [look64(&tb.t[..4], lo, b4, b5), look64(&tb.t[4..], lo, b4, b5)]
+            }
+            VEC64S => {
+                // Eight indices per 64-bit word: word j takes bytes 6j..6j + 6 (a 32-byte load,
+                // 8 bytes past the chunk: the next chunk or `SLACK`), and byte i of each word
+                // the eight bits from bit 6i (`vpermi2b` reads the low six).
+                let v = _mm256_loadu_si256(p as *const __m256i);
+                let idx = _mm256_multishift_epi64_epi8(six_shifts256(), _mm256_permutexvar_epi8(six_spread256(), v));
+                let t = |i: usize| _mm256_permute2x128_si256::<0x20>(tb.t[i], tb.t[i + 1]);
+                [_mm256_permutex2var_epi8(t(0), idx, t(2)), _mm256_permutex2var_epi8(t(4), idx, t(6))]
             }
             VEC64X => {
                 let hi = _mm256_set1_epi64x((p.add(16) as *const i64).read_unaligned());
@@ -1650,6 +1738,7 @@ mod avx2 {
             return match kind {
                 Kind::Lut4 => super::zmm::decode_f32::<LUT4X>(a),
                 Kind::Vec2x16 => super::zmm::decode_f32::<VEC16X>(a),
+                Kind::Vec2x64 if a.six => super::zmm::decode_f32::<VEC64S>(a),
                 Kind::Vec2x64 => super::zmm::decode_f32::<VEC64X>(a),
                 Kind::Int8 => super::zmm::decode_f32::<INT8X>(a),
             };
@@ -1670,7 +1759,7 @@ mod avx2 {
     /// Columns from chunk `c0` on (the 512-bit decode leaves the last chunks to this).
     #[inline(always)]
     pub(super) unsafe fn decode_f32_from<const K: u8>(a: &DecodeArgs, c0: usize) {
-        let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out } = *a;
+        let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out, .. } = *a;
         let tb = tabs(base(K), tables, false);
         let cb = chunk_bytes(K);
         let mut tail = [0f32; CHUNK];

@@ -558,45 +558,66 @@ fn pair_layout_bytes_rebuild_the_codes() {
 #[test]
 fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
     // The AVX-512 variants (VNNI multiply-accumulates; for vec2x64 one `vpermi2b` per 64-entry
-    // table) and the AVX2 kernels read the same layout: both must give the scalar reference's
-    // bits for every format, at decode (T = 1, one and two planes) and verify (T = 3 and 5)
-    // sizes, on ragged shapes with every index value. Where the CPU lacks the AVX-512 subsets
-    // both runs take the AVX2 path.
+    // table) and the AVX2 kernels: both must give the scalar reference's bits for every format,
+    // at decode (T = 1, one and two planes) and verify (T = 3 and 5) sizes, on ragged shapes
+    // with every index value. Each packs the matrix as it would (vec2x64: the six-bit layout
+    // with AVX-512, the nibble layout without), and the reference gives the same bits on both
+    // layouts. Where the CPU lacks the AVX-512 subsets both runs take the AVX2 path.
     use intdot::{matmul_many, set_avx512, QuantX};
     let mut rng = Rng(11);
     for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
         // Chunks: 1 (no pair), 3 (a pair and one left over), 66 (a full block, then a pair),
         // 65 (a full block, then one left over), 18.
         for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (20, 2048 + 10), (130, 576)] {
-            let (p, w) = if format == Format::Int8 {
-                let m = random_int8(cout, cin, &mut rng);
-                (PackedMatrix::from_int8(&m), m.reconstruct())
+            let (int8, lut) = if format == Format::Int8 {
+                (Some(random_int8(cout, cin, &mut rng)), None)
             } else {
                 let mut m = random_lut_int(format, cout, cin, &mut rng);
                 let k = format.entries();
                 for (i, v) in m.idx.iter_mut().enumerate().take(k) {
                     *v = i as u8;
                 }
-                (PackedMatrix::from_lut(&m), m.reconstruct())
+                (None, Some(m))
             };
-            let d = p.as_dot().unwrap();
+            let w = int8.as_ref().map_or_else(|| lut.as_ref().unwrap().reconstruct(), |m| m.reconstruct());
+            // Packed with the AVX-512 kernels off, then on.
+            let packs: Vec<PackedMatrix> = [false, true]
+                .into_iter()
+                .map(|avx512| {
+                    set_avx512(avx512);
+                    let p = int8
+                        .as_ref()
+                        .map_or_else(|| PackedMatrix::from_lut(lut.as_ref().unwrap()), PackedMatrix::from_int8);
+                    set_avx512(true);
+                    p
+                })
+                .collect();
             for (t, planes) in [(1, 2), (1, 1), (3, 2), (5, 2), (5, 1), (70, 2)] {
                 let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
                 let qx = QuantX::with_planes_scalar(&x, t, cin, planes);
-                let mut want = vec![0f32; t * cout];
-                matmul_many(false, &[d], &qx, &mut [&mut want]);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                for avx512 in [false, true] {
+                let scalar = |d: &intdot::DotMatrix, qx: &QuantX| {
+                    let mut y = vec![0f32; t * cout];
+                    matmul_many(false, &[d], qx, &mut [&mut y]);
+                    y
+                };
+                let want = scalar(packs[0].as_dot().unwrap(), &qx);
+                let want_six = scalar(packs[1].as_dot().unwrap(), &qx);
+                assert_eq!(bits(&want_six), bits(&want), "{format:?} {cout}x{cin}: the reference on both layouts");
+                for (avx512, p) in [false, true].into_iter().zip(&packs) {
                     set_avx512(avx512);
                     let mut y = vec![0f32; t * cout];
-                    matmul_many(true, &[d], &qx, &mut [&mut y]);
+                    matmul_many(true, &[p.as_dot().unwrap()], &qx, &mut [&mut y]);
                     set_avx512(true);
                     assert_eq!(bits(&y), bits(&want), "{format:?} {cout}x{cin} t={t} planes={planes} avx512={avx512}");
                 }
-                if intdot::paired_kernels() {
-                    // The 512-bit kernels (aarch64: the dot-product kernel), in the pair layout: the kernels and the scalar reference
-                    // reading that layout (its codes use a slightly smaller range: its own
-                    // reference, and dequantize-then-matmul within the activation bound).
+                // Both layouts through the 512-bit kernels (the nibble layout there only when
+                // packed with AVX-512 off).
+                for d in packs.iter().filter(|_| intdot::paired_kernels()).map(|p| p.as_dot().unwrap()) {
+                    // Activations in the pair layout (aarch64: the dot-product kernel): the kernels
+                    // and the scalar reference reading that layout (its codes use a slightly
+                    // smaller range: its own reference, and dequantize-then-matmul within the
+                    // activation bound).
                     let qp = QuantX::paired(&x, t, cin, planes);
                     let mut want_p = vec![0f32; t * cout];
                     matmul_many(false, &[d], &qp, &mut [&mut want_p]);
@@ -641,12 +662,13 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
     {
         let m = random_lut_int(format, cout, cin, &mut rng);
         let w = m.reconstruct();
-        let d = intdot::DotMatrix::from_lut(&m).unwrap();
         for t in [GEMM_MIN_T, GEMM_MIN_T + 1, 2 * GEMM_MIN_T + 3, 70, 131] {
             let x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
             let r = matmul_ref(&x, t, &w, cout, cin);
             for avx512 in [false, true] {
+                // Packed as this setting packs (vec2x64: nibble or six-bit layout).
                 set_avx512(avx512);
+                let d = intdot::DotMatrix::from_lut(&m).unwrap();
                 let mut y = vec![f32::NAN; t * cout];
                 gemm_many(true, &[&d], &x, t, &mut [&mut y]);
                 set_avx512(true);

@@ -392,7 +392,7 @@ pub(super) unsafe fn decode_f32(kind: Kind, a: &DecodeArgs) {
 
 #[inline(always)]
 unsafe fn decode_f32_k<const K: u8>(a: &DecodeArgs) {
-    let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out } = *a;
+    let DecodeArgs { tables, row, row_bytes, n_idx, cin, scale, out, .. } = *a;
     let tb = tabs(K, tables);
     let mut tail = [0f32; CHUNK];
     for g in 0..n_idx {
