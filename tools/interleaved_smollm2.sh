@@ -3,11 +3,11 @@
 # ratios come from runs made back to back): ROUNDS rounds of llama-bench on each GGUF, then
 # `forge bench` on each export, prefill / decode tok/s per line.
 #   LLAMA_BENCH=path/llama-bench GGUFS="a.gguf b.gguf" EXPORTS="runs/sp-lut4 runs/sp-vec2x64 runs/sp-vec2x64:--no-avx512" \
-#     [THREADS=2] [ROUNDS=3] bash tools/interleaved_smollm2.sh
+#     [THREADS=2] [ROUNDS=3] [FORGE=path/forge] bash tools/interleaved_smollm2.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 th=${THREADS:-2}
-forge=./target/release/forge
+forge=${FORGE:-./target/release/forge}
 for _ in $(seq "${ROUNDS:-3}"); do
   for g in ${GGUFS:?set GGUFS}; do
     "${LLAMA_BENCH:?set LLAMA_BENCH}" -m "$g" -t "$th" -p 64 -n 64 -r 3 -o json 2>/dev/null | python3 -c "

@@ -24,7 +24,8 @@ pub struct Args {
     /// Runs per measurement; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
-    /// Size of the buffer for the read-bandwidth measurement, GiB.
+    /// Size of the buffer for the read-bandwidth probe, GiB (a pass runs before each timed run,
+    /// and the buffer is held through them).
     #[arg(long, default_value_t = 1.0)]
     bandwidth_gib: f64,
     /// Also measure the reference (decode-to-f32) path in the same run.
@@ -43,9 +44,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let threads = rayon::current_num_threads();
-    let bw = read_bandwidth(a.bandwidth_gib);
+    let probe = Probe::new(a.bandwidth_gib);
     if a.kernels {
-        return kernels(&a, threads, bw);
+        return kernels(&a, threads, &probe);
     }
     let path = forge_core::hub::resolve_model(&a.model, true)?;
     let loaded = forge_model::load::load(&path)?;
@@ -56,10 +57,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let prepare_s = t0.elapsed().as_secs_f64();
     let bytes_per_token: usize = model.linears().iter().map(|l| l.weight_bytes()).sum();
-    let fast = measure(model, &a)?;
+    let fast = measure(model, &a, Some(&probe))?;
     let reference = if a.reference {
         lutmm::set_fast_path(false);
-        let r = measure(model, &a);
+        let r = measure(model, &a, None);
         lutmm::set_fast_path(true);
         Some(r?)
     } else {
@@ -68,6 +69,11 @@ pub fn run(a: Args) -> Result<()> {
     let split = decode_split(model, &a)?;
     let mem = memory(model, &fast.session);
     let eff = |tok_s: f64| bytes_per_token as f64 * tok_s / 1e9;
+    // Each timed run's effective GB/s against the probe pass just before it.
+    let bw = median(fast.bandwidth.clone());
+    let fraction = median(fast.decode_runs.iter().zip(&fast.bandwidth).map(|(&d, &b)| eff(d) / b).collect());
+    // The probe's buffer is held through the runs; the model's own peak is what is left.
+    let peak = peak_rss().map(|p| p.saturating_sub(probe.bytes() as u64));
     let gb = |b: usize| b as f64 / (1u64 << 30) as f64;
     if a.json {
         let mut j = json!({
@@ -82,9 +88,10 @@ pub fn run(a: Args) -> Result<()> {
             "weight_bytes_per_token": bytes_per_token,
             "effective_gb_s": eff(fast.decode),
             "bandwidth_gb_s": bw,
-            "bandwidth_fraction": eff(fast.decode) / bw,
+            "bandwidth_fraction": fraction,
+            "bandwidth_runs_gb_s": fast.bandwidth,
             "pack_s": prepare_s,
-            "peak_rss_bytes": peak_rss(),
+            "peak_rss_bytes": peak,
             "decode_split_ms_per_token": split.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "memory_bytes": {
                 "weights": mem.weights,
@@ -116,14 +123,22 @@ pub fn run(a: Args) -> Result<()> {
         }
         println!("weights/token    {:.1} MB", bytes_per_token as f64 / 1e6);
         println!(
-            "effective        {:.2} GB/s ({:.0} % of the measured read bandwidth)",
+            "effective        {:.2} GB/s ({:.0} % of the read bandwidth: median over the runs, each against a probe just before it)",
             eff(fast.decode),
-            100.0 * eff(fast.decode) / bw
+            100.0 * fraction
         );
-        println!("read bandwidth   {bw:.2} GB/s ({} threads, {:.2} GiB buffer)", threads, a.bandwidth_gib);
+        println!(
+            "read bandwidth   {bw:.2} GB/s, median of {} probes ({} threads, {:.2} GiB buffer)",
+            fast.bandwidth.len(),
+            threads,
+            a.bandwidth_gib
+        );
         println!("packing          {prepare_s:.2} s");
-        if let Some(p) = peak_rss() {
-            println!("peak RSS         {:.2} GiB (mapped files count as they are touched)", gb(p as usize));
+        if let Some(p) = peak {
+            println!(
+                "peak RSS         {:.2} GiB (mapped files count as they are touched; the probe's buffer left out)",
+                gb(p as usize)
+            );
         }
         let total: f64 = split.iter().map(|(_, v)| v).sum();
         let parts: Vec<String> =
@@ -153,6 +168,9 @@ fn peak_rss() -> Option<u64> {
 struct Speeds {
     prefill: f64,
     decode: f64,
+    /// Decode tok/s of each timed run, and the probe's GB/s just before it (empty without one).
+    decode_runs: Vec<f64>,
+    bandwidth: Vec<f64>,
     /// Heap allocations per token in the timed decode loops.
     allocs_per_token: f64,
     session: Session,
@@ -168,8 +186,8 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// Prefill `prompt_tokens` synthetic tokens, then greedy-decode `gen_tokens`; median over repeats
-/// after one untimed warm-up.
-fn measure(model: &Model, a: &Args) -> Result<Speeds> {
+/// after one untimed warm-up, each run after a pass of `probe` when given.
+fn measure(model: &Model, a: &Args, probe: Option<&Probe>) -> Result<Speeds> {
     let vocab = model.cfg.vocab_size as u64;
     let mut s = 0x9E37_79B9_7F4A_7C15u64;
     let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
@@ -201,22 +219,30 @@ fn measure(model: &Model, a: &Args) -> Result<Speeds> {
     };
     // All runs on one pool worker, as a server's decode loop runs, instead of each token being
     // handed to the pool from outside (and each run warming another worker's scratch).
-    let (p, d, allocs, last) = rayon::scope(|_| -> Result<_> {
+    let (p, d, bw, allocs, last) = rayon::scope(|_| -> Result<_> {
         once(4)?;
-        let (mut p, mut d, mut allocs, mut last) = (Vec::new(), Vec::new(), 0, None);
+        let (mut p, mut d, mut bw, mut allocs, mut last) = (Vec::new(), Vec::new(), Vec::new(), 0, None);
         for _ in 0..a.repeats.max(1) {
+            if let Some(probe) = probe {
+                bw.push(probe.pass());
+                // The pass evicted the caches: one untimed token brings back what of the model
+                // fits, as the runs before the probe had it.
+                model.forward(&mut model.new_session(), &prompt[..1], Logits::Last)?;
+            }
             let (pf, dc, n, sess) = once(a.gen_tokens)?;
             p.push(pf);
             d.push(dc);
             allocs += n;
             last = Some(sess);
         }
-        Ok((p, d, allocs, last))
+        Ok((p, d, bw, allocs, last))
     })?;
     let tokens = (a.repeats.max(1) * a.gen_tokens).max(1) as f64;
     Ok(Speeds {
         prefill: median(p),
-        decode: median(d),
+        decode: median(d.clone()),
+        decode_runs: d,
+        bandwidth: bw,
         allocs_per_token: allocs as f64 / tokens,
         session: last.expect("one repeat"),
     })
@@ -288,19 +314,35 @@ fn memory(model: &Model, sess: &Session) -> Memory {
     Memory { weights, packed, kv, recurrent, scratch: forge_kernels::scratch::held_bytes() }
 }
 
-/// Multi-threaded read bandwidth: sum a buffer of `gib` GiB (best of 3 passes), GB/s, with
-/// software prefetch as the kernels use it.
-pub fn read_bandwidth(gib: f64) -> f64 {
-    let n = ((gib * (1u64 << 30) as f64) as usize / 8).max(1 << 20);
-    let mut buf = vec![0u64; n];
-    buf.par_chunks_mut(1 << 16)
-        .enumerate()
-        .for_each(|(i, c)| c.iter_mut().enumerate().for_each(|(j, v)| *v = (i ^ j) as u64));
-    let mut best = f64::INFINITY;
-    let mut sink = 0u64;
-    for _ in 0..3 {
+/// Multi-threaded read bandwidth: sums a buffer with software prefetch as the kernels use it.
+/// The buffer is kept so that the probe can run between timed runs: on a shared machine the
+/// bandwidth drifts by a third within minutes, so a kernel's share of it is only meaningful
+/// against a probe taken next to it.
+pub struct Probe {
+    buf: Vec<u64>,
+}
+
+impl Probe {
+    /// A probe over `gib` GiB (at least 8 MiB), its pages touched.
+    pub fn new(gib: f64) -> Probe {
+        let n = ((gib * (1u64 << 30) as f64) as usize / 8).max(1 << 20);
+        let mut buf = vec![0u64; n];
+        buf.par_chunks_mut(1 << 16)
+            .enumerate()
+            .for_each(|(i, c)| c.iter_mut().enumerate().for_each(|(j, v)| *v = (i ^ j) as u64));
+        Probe { buf }
+    }
+
+    /// Bytes of the buffer.
+    pub fn bytes(&self) -> usize {
+        self.buf.len() * 8
+    }
+
+    /// One pass over the buffer, GB/s.
+    pub fn pass(&self) -> f64 {
         let t0 = Instant::now();
-        sink ^= buf
+        let sink = self
+            .buf
             .par_chunks(1 << 16)
             .map(|c| {
                 let mut acc = [0u64; 8];
@@ -320,17 +362,16 @@ pub fn read_bandwidth(gib: f64) -> f64 {
                 acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
             })
             .reduce(|| 0, |a, b| a.wrapping_add(b));
-        best = best.min(t0.elapsed().as_secs_f64());
+        std::hint::black_box(sink);
+        self.bytes() as f64 / t0.elapsed().as_secs_f64() / 1e9
     }
-    std::hint::black_box(sink);
-    (n * 8) as f64 / best / 1e9
 }
 
 /// Bytes of matrix copies each kernel case cycles through: several times the last-level cache
 /// of the machines measured here.
 const COLD_BYTES: usize = 512 << 20;
 
-fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
+fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
     let (cout, cin) = a
         .shape
         .split_once('x')
@@ -344,6 +385,7 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
     };
     let x: Vec<f32> = (0..cin).map(|_| (rnd() % 2000) as f32 / 1000.0 - 1.0).collect();
     let mut rows = Vec::new();
+    let mut probes = Vec::new();
     // Each format in the integer-dot layout (codebooks on the 8-bit grid, as the quantizer
     // writes them) and in the float tile layout (any codebook).
     let mut cases: Vec<(Format, bool)> = Vec::new();
@@ -381,7 +423,18 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
             }
             t0.elapsed().as_secs_f64() / reps as f64
         };
-        let (fast1, ref1, fast8) = (time(Backend::best(), 1), time(Backend::Scalar, 1), time(Backend::best(), 8));
+        // Decode in three rounds, each after a probe pass: its share of the bandwidth is the
+        // median of the rounds' ratios.
+        let (mut t1, mut share) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let bw = probe.pass();
+            let t = time(Backend::best(), 1);
+            probes.push(bw);
+            share.push(bytes / t / 1e9 / bw);
+            t1.push(t);
+        }
+        let fast1 = median(t1);
+        let (ref1, fast8) = (time(Backend::Scalar, 1), time(Backend::best(), 8));
         // Prefill: 64 rows, counted in multiply-adds (weights decoded to f32 and FMA tiles).
         let fast64 = time(Backend::best(), 64);
         rows.push(json!({
@@ -394,9 +447,10 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
             "speedup_vs_scalar": ref1 / fast1,
             "gb_s_t8": bytes / fast8 / 1e9,
             "gmac_s_t64": (64 * cout * cin) as f64 / fast64 / 1e9,
-            "fraction_of_bandwidth_t1": bytes / fast1 / 1e9 / bw,
+            "fraction_of_bandwidth_t1": median(share),
         }));
     }
+    let bw = median(probes);
     if a.json {
         println!(
             "{}",
@@ -406,7 +460,7 @@ fn kernels(a: &Args, threads: usize, bw: f64) -> Result<()> {
         );
     } else {
         println!(
-            "kernels on {cout}×{cin} (copies cycled through 512 MiB), {threads} threads, read bandwidth {bw:.2} GB/s (measured in this run); {}",
+            "kernels on {cout}×{cin} (copies cycled through 512 MiB), {threads} threads, read bandwidth {bw:.2} GB/s (median of the probe passes run before each decode round; % of bw is the median of the rounds' ratios); {}",
             forge_kernels::lutmm::intdot::isa()
         );
         println!(
