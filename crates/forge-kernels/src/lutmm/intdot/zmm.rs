@@ -280,7 +280,10 @@ unsafe fn rows2_lanes<const K: u8, const P: usize>(
         for i in 0..n / 2 {
             for (ar, row) in acc.iter_mut().zip(rows) {
                 let p = row.add(2 * i * cb);
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+                if i % 2 == 0 {
+                    // This pair and the next, one request per line.
+                    prefetch_lines(p, 4 * cb);
+                }
                 let w = weights2::<K>(p, tb);
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                     mac_pair::<P>(&mut ar[v], wv, xhl.add(i * 4 * CHUNK), x2.add(i));
