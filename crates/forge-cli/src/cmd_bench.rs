@@ -307,7 +307,7 @@ fn memory(model: &Model, sess: &Session) -> Memory {
     let (mut kv, mut recurrent) = (0, 0);
     for l in &sess.layers {
         match l {
-            LayerState::Attn(c) => kv += (c.k.capacity() + c.v.capacity()) * 4,
+            LayerState::Attn(c) => kv += c.capacity_bytes(),
             LayerState::Delta(d) => recurrent += (d.conv.len() + d.rec.len()) * 4,
         }
     }

@@ -1,7 +1,8 @@
 //! Throughput of the prefill matmul (the f32 path, `t` activation rows, one call as `forge`
 //! makes it: decode, tiles, both transposes) on SmolLM2's shapes: billions of multiply-adds per
-//! second, best of `rounds`, and its share of this thread's 512-bit FMA peak, measured in the
-//! same rounds (the machine's speed drifts within minutes).
+//! second, best of `rounds`, and its share of this thread's FMA peak, measured in the
+//! same rounds (the machine's speed drifts within minutes): 512-bit FMAs where the CPU has
+//! AVX-512, else 256-bit ones.
 //!
 //! `RAYON_NUM_THREADS=1 cargo run --release -p forge-kernels --example prefill_gemm -- [rounds] [t]`
 
@@ -42,14 +43,40 @@ fn main() {
     }
 }
 
-/// Multiply-adds per second of independent 512-bit FMA chains on this thread (0 without AVX-512).
+/// Multiply-adds per second of independent FMA chains on this thread: 512-bit with AVX-512,
+/// 256-bit with AVX2 and FMA (0 without either).
 fn fma_peak() -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512 F detected just above.
-        return unsafe { chains() };
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512 F detected just above.
+            return unsafe { chains() };
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: FMA (and so AVX) detected just above.
+            return unsafe { chains256() };
+        }
     }
     0.0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chains256() -> f64 {
+    use std::arch::x86_64::*;
+    let n = std::hint::black_box(2_000_000usize);
+    let mut a = [_mm256_set1_ps(1.0); 12];
+    let b = _mm256_set1_ps(std::hint::black_box(0.999));
+    let c = _mm256_set1_ps(std::hint::black_box(0.001));
+    let t0 = Instant::now();
+    for _ in 0..n {
+        for x in a.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, b, c);
+        }
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    std::hint::black_box(a);
+    (n * 12 * 8) as f64 / dt
 }
 
 #[cfg(target_arch = "x86_64")]

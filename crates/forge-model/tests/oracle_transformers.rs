@@ -93,14 +93,15 @@ fn check_model(name: &str, with_states: bool) {
                 let (ks, kc) = read_npy(&dir.join(format!("k_cache_{i}.npy"))).unwrap();
                 let (_, vc) = read_npy(&dir.join(format!("v_cache_{i}.npy"))).unwrap();
                 let (kvh, hd) = (ks[0], ks[2]);
-                assert_eq!(ks[1], t);
+                assert_eq!((ks[1], c.len(), c.heads()), (t, t, kvh));
                 let mut err = 0f32;
                 for h in 0..kvh {
                     for p in 0..t {
                         for d in 0..hd {
-                            let mine = p * kvh * hd + h * hd + d;
-                            let theirs = (h * t + p) * hd + d;
-                            err = err.max((kc[theirs] - c.k[mine]).abs()).max((vc[theirs] - c.v[mine]).abs());
+                            let (mine, theirs) = (p * hd + d, (h * t + p) * hd + d);
+                            err = err
+                                .max((kc[theirs] - c.keys(h)[mine]).abs())
+                                .max((vc[theirs] - c.values(h)[mine]).abs());
                         }
                     }
                 }

@@ -66,10 +66,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 fn truncate(s: &mut Session, n: usize) -> Result<()> {
     for l in &mut s.layers {
         match l {
-            LayerState::Attn(c) => {
-                c.k.truncate(n * c.row);
-                c.v.truncate(n * c.row);
-            }
+            LayerState::Attn(c) => c.truncate(n),
             LayerState::Delta(_) => bail!("cannot truncate a session with recurrent state"),
         }
     }
