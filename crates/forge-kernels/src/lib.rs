@@ -3,6 +3,7 @@
 pub mod act;
 pub mod attention;
 pub mod deltanet;
+pub mod experiment;
 pub mod fwht;
 pub mod lut;
 pub mod lutmm;
