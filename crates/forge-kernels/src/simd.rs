@@ -102,23 +102,6 @@ unsafe fn axpy_avx2(alpha: f32, x: &[f32], y: &mut [f32]) {
     axpy_body!(alpha, x, y, mul_add_fused)
 }
 
-/// Hints that `data` will be read soon: one prefetch into L2 per cache line (a no-op where
-/// the architecture has no such hint here). It changes no values, only when they arrive.
-pub fn prefetch<T>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let (p, n) = (data.as_ptr() as *const i8, std::mem::size_of_val(data));
-        for off in (0..n).step_by(64) {
-            // SAFETY: `off < n` keeps the address inside `data`; a prefetch never faults and
-            // reads nothing into registers.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(off)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
 #[inline]
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -309,16 +292,6 @@ mod tests {
     use super::*;
 
     use crate::testutil::data;
-
-    #[test]
-    fn prefetch_leaves_data_as_it_was_on_any_length_and_offset() {
-        let v = data(1000, 9);
-        for (start, len) in [(0, 0), (3, 1), (1, 17), (5, 995), (0, 1000)] {
-            prefetch(&v[start..start + len]);
-        }
-        prefetch::<u8>(&[]);
-        assert_eq!(v, data(1000, 9));
-    }
 
     #[test]
     fn dot_matches_reference_on_ragged_lengths() {

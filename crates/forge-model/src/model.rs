@@ -388,11 +388,6 @@ impl Model {
     fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Buf> {
         let cfg = &self.cfg;
         let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        // Decode and verify: the history arrives while the projections stream their weights
-        // (SmolLM2, 2 threads: attention proper 30–38 → 21–23 µs per layer).
-        if t < PAR_MIN_ROWS {
-            cache.prefetch();
-        }
         let (mut qf, mut k, mut v) = (Buf::zeros(t * a.q.out_f), Buf::zeros(t * a.k.out_f), Buf::zeros(t * a.v.out_f));
         Linear::forward_shared_into(&[&a.q, &a.k, &a.v], hbuf, t, &mut [&mut qf, &mut k, &mut v])?;
         let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate

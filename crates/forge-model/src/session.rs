@@ -3,14 +3,11 @@
 
 use forge_core::config::{LayerKind, ModelConfig};
 
-/// Most bytes of a layer's history that [`KvCache::prefetch`] asks for (half of a small L2).
-pub const PREFETCH_BYTES: usize = 256 << 10;
-
 /// Post-RoPE keys and values of one attention layer: per key/value head, one contiguous run of
 /// `head_dim` floats per position (transformers' `(heads, positions, head_dim)` order). Decode
 /// reads each head's history as one sequential stream; with the heads interleaved per position
 /// (a row of `heads × head_dim`) every row was a short strided piece, which the hardware
-/// prefetchers follow worse (SmolLM2's shapes, history out of cache: 1.2–1.3× slower).
+/// prefetchers follow worse.
 #[derive(Clone, Debug)]
 pub struct KvCache {
     k: Vec<Vec<f32>>,
@@ -84,19 +81,6 @@ impl KvCache {
     /// Bytes held, reserved room included.
     pub fn capacity_bytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(|c| c.capacity() * 4).sum()
-    }
-
-    /// Asks for the start of the history (up to [`PREFETCH_BYTES`] in all) to be brought
-    /// towards the caches: decode calls this before the layer's projections, so that those
-    /// reads overlap with the weight stream instead of stalling attention on every head's first
-    /// lines. Longer histories are left to the hardware prefetchers, which by then follow each
-    /// head's stream.
-    pub fn prefetch(&self) {
-        let streams = 2 * self.heads().max(1);
-        let per = PREFETCH_BYTES / streams / 4;
-        for c in self.k.iter().chain(&self.v) {
-            forge_kernels::simd::prefetch(&c[..c.len().min(per)]);
-        }
     }
 }
 
@@ -183,7 +167,6 @@ mod tests {
         }
         c.reserve(10);
         assert!(c.capacity_bytes() >= 2 * heads * 13 * d * 4);
-        c.prefetch();
         c.truncate(1);
         assert_eq!((c.len(), c.keys(2)), (1, &[20.0, 21.0][..]));
     }
