@@ -17,7 +17,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let path = args.get(1).expect("usage: ab EXPORT [pairs] [prompt] [gen]");
+    let path = args.get(1).ok_or_else(|| anyhow::anyhow!("usage: ab EXPORT [pairs] [prompt] [gen]"))?;
     let pairs: usize = args.get(2).map_or(Ok(20), |s| s.parse())?;
     let p: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
     let g: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
