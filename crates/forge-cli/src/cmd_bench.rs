@@ -188,16 +188,7 @@ fn argmax(v: &[f32]) -> u32 {
 /// Prefill `prompt_tokens` synthetic tokens, then greedy-decode `gen_tokens`; median over repeats
 /// after one untimed warm-up, each run after a pass of `probe` when given.
 fn measure(model: &Model, a: &Args, probe: Option<&Probe>) -> Result<Speeds> {
-    let vocab = model.cfg.vocab_size as u64;
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab) as u32
-        })
-        .collect();
+    let prompt = forge_model::generate::synthetic_prompt(model.cfg.vocab_size, a.prompt_tokens.max(1));
     let once = |gen: usize| -> Result<(f64, f64, u64, Session)> {
         // The caches are sized for the whole run up front, as llama.cpp sizes its context:
         // neither prefill nor decode times a cache growing.

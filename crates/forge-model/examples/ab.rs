@@ -23,16 +23,7 @@ fn main() -> anyhow::Result<()> {
     let g: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
     let loaded = forge_model::load::load(std::path::Path::new(path))?;
     let model = &loaded.model;
-    let vocab = model.cfg.vocab_size as u64;
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let prompt: Vec<u32> = (0..p.max(1))
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab) as u32
-        })
-        .collect();
+    let prompt = forge_model::generate::synthetic_prompt(model.cfg.vocab_size, p.max(1));
     let run = || -> anyhow::Result<(f64, f64)> {
         let mut sess = model.new_session();
         sess.reserve(prompt.len() + g);

@@ -60,3 +60,33 @@ pub fn generate(
     st.decode_s = t1.elapsed().as_secs_f64();
     Ok(st)
 }
+
+/// `n` token ids below `vocab` from a fixed xorshift stream: the prompt that speed
+/// measurements (`forge bench`, the `ab` example) feed, the same on every run.
+pub fn synthetic_prompt(vocab: usize, n: usize) -> Vec<u32> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab.max(1) as u64) as u32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::synthetic_prompt;
+
+    #[test]
+    fn synthetic_prompt_is_fixed_in_range_and_not_constant() {
+        let a = synthetic_prompt(49152, 64);
+        assert_eq!(a, synthetic_prompt(49152, 64));
+        assert_eq!(a[..8], synthetic_prompt(49152, 8)[..], "a longer prompt extends a shorter one");
+        assert!(a.iter().all(|&t| t < 49152));
+        let distinct: std::collections::BTreeSet<_> = a.iter().collect();
+        assert!(distinct.len() > 60, "{} distinct ids of 64", distinct.len());
+        assert!(synthetic_prompt(1, 5).iter().all(|&t| t == 0));
+    }
+}
