@@ -3,7 +3,9 @@
 //! The AVX2 path scores eight keys at a time (eight accumulators reduced together with
 //! horizontal adds, instead of one horizontal sum per key) and keeps the output in registers
 //! while it walks the values (64 columns at a time). The query heads that share a key/value head
-//! (GQA) go together, so each key and value row is read from memory once per group.
+//! (GQA) go together, so each key and value row is read from memory once per group. A long
+//! history is cut into parts that workers take separately and that are merged afterwards
+//! (as in flash-decoding), so that decode's few key/value heads still give every worker work.
 
 use crate::act::softmax;
 use crate::simd::{axpy, dot, dot_ref};
@@ -19,23 +21,86 @@ pub struct History<'a> {
     pub offset: usize,
 }
 
+/// Fewest history rows in a part (see [`part_len`]).
+const MIN_PART: usize = 32;
+/// Most parts a history is cut into.
+const MAX_PARTS: usize = 16;
+
+/// Rows per part when attention over a history of `n` rows is cut into parts that workers take
+/// separately ([`attend_part`], then [`merge_parts`]): a multiple of eight (the keys are scored
+/// eight at a time), at least 32, at most 16 parts. It depends on `n` alone, so a query gives
+/// the same bits however the work is spread (decode, verify or prefill, any thread count).
+pub fn part_len(n: usize) -> usize {
+    n.div_ceil(MAX_PARTS).next_multiple_of(8).max(MIN_PART)
+}
+
+/// How many parts a history of `n` rows is cut into (one for an empty history).
+pub fn n_parts(n: usize) -> usize {
+    n.max(1).div_ceil(part_len(n))
+}
+
 /// `out_h = softmax(q_h·Kᵀ·scale) V` over the first `n` rows of the history, for the
 /// `g = q.len() / d` query heads that share one key/value head (grouped-query attention; `g = 1`
 /// for plain attention), `q` and `out` holding them one after the other: each key and value row
-/// is read from memory once for the whole group.
+/// is read from memory once for the whole group. The history is taken in [`n_parts`] parts and
+/// merged, as the model's parallel paths do, so this gives their bits.
 ///
 /// `scores` is scratch of at least `g · n` floats.
 pub fn attend_group(q: &[f32], d: usize, kv: History, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
+    let g = q.len() / d;
+    assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
+    assert!(scores.len() >= g * kv.n, "scores has {} slots for {g}×{}", scores.len(), kv.n);
+    let (parts, slot) = (n_parts(kv.n), out.len() + 2 * g);
+    let mut slots = crate::scratch::Buf::zeros(parts * slot);
+    for (p, sl) in slots.chunks_mut(slot).enumerate() {
+        let (o, st) = sl.split_at_mut(out.len());
+        attend_part(q, d, kv.part(p), scale, scores, o, st);
+    }
+    merge_parts(g, &slots, out);
+}
+
+impl<'a> History<'a> {
+    /// Part `p` of [`n_parts`]`(self.n)`: its rows as a history of their own.
+    pub fn part(&self, p: usize) -> History<'a> {
+        let len = part_len(self.n);
+        let j0 = (p * len).min(self.n);
+        let skip = j0 * self.stride;
+        History {
+            keys: &self.keys[skip.min(self.keys.len())..],
+            values: &self.values[skip.min(self.values.len())..],
+            n: len.min(self.n - j0),
+            ..*self
+        }
+    }
+}
+
+/// One part of [`attend_group`]: for each of the `g` heads, `out_h = Σ_j e^(s_hj − m_h) V_j`
+/// over the part's rows (not yet normalized) and `stats[2h..2h + 2] = (m_h, Σ_j e^(s_hj − m_h))`,
+/// `m_h` the largest score. An empty part gives zeros and `(−∞, 0)`.
+///
+/// `scores` is scratch of at least `g · kv.n` floats, `stats` holds `2g`.
+pub fn attend_part(
+    q: &[f32],
+    d: usize,
+    kv: History,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+    stats: &mut [f32],
+) {
     let History { keys, values, n, stride, offset } = kv;
     assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
     let g = q.len() / d;
     assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
     let dv = out.len() / g;
     assert!(scores.len() >= g * n, "scores has {} slots for {g}×{n}", scores.len());
+    assert!(stats.len() >= 2 * g, "stats has {} slots for {g} heads", stats.len());
     if n > 0 {
         let last = (n - 1) * stride + offset;
         assert!(keys.len() >= last + d && values.len() >= last + dv, "history shorter than {n} rows");
     }
+    let scores = &mut scores[..g * n];
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma() && d.is_multiple_of(8) && dv.is_multiple_of(8) {
         // SAFETY: AVX2/FMA are present; the asserts above bound every row read (n rows of
@@ -43,9 +108,9 @@ pub fn attend_group(q: &[f32], d: usize, kv: History, scale: f32, scores: &mut [
         unsafe {
             scores_avx2(q, d, keys, n, stride, offset, scale, scores);
             for h in 0..g {
-                softmax(&mut scores[h * n..(h + 1) * n]);
+                (stats[2 * h], stats[2 * h + 1]) = exp_shifted(&mut scores[h * n..(h + 1) * n]);
             }
-            values_avx2(&scores[..g * n], n, values, stride, offset, out);
+            values_avx2(scores, n, values, stride, offset, out);
         }
         return;
     }
@@ -54,12 +119,61 @@ pub fn attend_group(q: &[f32], d: usize, kv: History, scale: f32, scores: &mut [
         for (j, s) in sh.iter_mut().enumerate() {
             *s = dot(qh, &keys[j * stride + offset..j * stride + offset + d]) * scale;
         }
-        softmax(sh);
+        (stats[2 * h], stats[2 * h + 1]) = exp_shifted(sh);
         let oh = &mut out[h * dv..(h + 1) * dv];
         oh.iter_mut().for_each(|o| *o = 0.0);
         for (j, &p) in sh.iter().enumerate() {
             axpy(p, &values[j * stride + offset..j * stride + offset + dv], oh);
         }
+    }
+}
+
+/// `s_j ← e^(s_j − m)` with `m = max s`; returns `(m, Σ_j e^(s_j − m))`. All −∞ (or none):
+/// `(−∞, 0)` with the weights zero.
+fn exp_shifted(s: &mut [f32]) -> (f32, f32) {
+    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        s.iter_mut().for_each(|v| *v = 0.0);
+        return (m, 0.0);
+    }
+    let mut l = 0f32;
+    for v in s.iter_mut() {
+        *v = (*v - m).exp();
+        l += *v;
+    }
+    (m, l)
+}
+
+/// The parts of [`attend_part`] made one. `slots` holds each part's outputs (`out.len()`
+/// values) then its `2g` stats; `out_h = Σ_p e^(m_ph − M_h) o_ph / Σ_p e^(m_ph − M_h) l_ph`,
+/// `M_h` the largest `m_ph`, parts added in order. A head whose every score was −∞ gets zeros.
+pub fn merge_parts(g: usize, slots: &[f32], out: &mut [f32]) {
+    let w = out.len();
+    assert!(g > 0 && w.is_multiple_of(g), "output of {w} values for {g} heads");
+    let slot = w + 2 * g;
+    assert!(slots.len().is_multiple_of(slot), "{} values are not whole parts of {slot}", slots.len());
+    let dv = w / g;
+    for h in 0..g {
+        let st = |p: usize| (slots[p * slot + w + 2 * h], slots[p * slot + w + 2 * h + 1]);
+        let parts = slots.len() / slot;
+        let m = (0..parts).map(|p| st(p).0).fold(f32::NEG_INFINITY, f32::max);
+        let oh = &mut out[h * dv..(h + 1) * dv];
+        oh.iter_mut().for_each(|o| *o = 0.0);
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        let mut l = 0f32;
+        for p in 0..parts {
+            let (mp, lp) = st(p);
+            if lp == 0.0 {
+                continue;
+            }
+            let c = (mp - m).exp();
+            l += c * lp;
+            axpy(c, &slots[p * slot + h * dv..p * slot + (h + 1) * dv], oh);
+        }
+        let inv = 1.0 / l;
+        oh.iter_mut().for_each(|o| *o *= inv);
     }
 }
 
@@ -200,8 +314,7 @@ mod tests {
                     for (a, b) in got[h * d..(h + 1) * d].iter().zip(&want) {
                         assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "d={d} g={g} n={n} head {h}: {a} vs {b}");
                     }
-                    // One head on its own gives the same bits as inside the group (the model
-                    // splits decode attention per query head, verify and prefill per group).
+                    // One head on its own gives the same bits as inside the group.
                     let mut alone = vec![0f32; d];
                     let mut s1 = vec![0f32; n];
                     attend_group(
@@ -214,6 +327,56 @@ mod tests {
                     );
                     assert_eq!(alone, got[h * d..(h + 1) * d], "d={d} g={g} n={n} head {h} alone");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn parts_cover_the_history_once() {
+        for n in (0..600).chain([1000, 4095, 4096, 4097, 100_000]) {
+            let (len, parts) = (part_len(n), n_parts(n));
+            assert!(
+                len % 8 == 0 && len >= MIN_PART && (1..=MAX_PARTS).contains(&parts),
+                "n={n}: {parts} parts of {len}"
+            );
+            let (keys, values) = (vec![0f32; n.max(1)], vec![0f32; n.max(1)]);
+            let kv = hist(&keys, &values, n, 1, 0);
+            let rows: Vec<usize> = (0..parts).map(|p| kv.part(p).n).collect();
+            assert_eq!(rows.iter().sum::<usize>(), n, "n={n}: {rows:?}");
+            assert!(rows.iter().all(|&r| r > 0 || n == 0), "n={n}: an empty part {rows:?}");
+        }
+    }
+
+    #[test]
+    fn merged_parts_match_the_definition_in_any_order_of_work() {
+        // A long history in many parts; the parts computed last to first give the same bits,
+        // and an empty part (as prefill's earlier tokens leave) changes nothing.
+        let (d, g, n) = (64usize, 3usize, 517usize);
+        assert!(n_parts(n) > 4);
+        let keys = data(n * d, 11);
+        let values = data(n * d, 12);
+        let q = data(g * d, 13);
+        let mut scores = vec![0f32; g * n];
+        let mut got = vec![0f32; g * d];
+        attend_group(&q, d, hist(&keys, &values, n, d, 0), 0.125, &mut scores, &mut got);
+        let slot = g * d + 2 * g;
+        let parts = n_parts(n);
+        let mut slots = vec![0f32; (parts + 1) * slot];
+        for p in (0..parts).rev() {
+            let (o, st) = slots[p * slot..(p + 1) * slot].split_at_mut(g * d);
+            attend_part(&q, d, hist(&keys, &values, n, d, 0).part(p), 0.125, &mut scores, o, st);
+        }
+        let (o, st) = slots[parts * slot..].split_at_mut(g * d);
+        attend_part(&q, d, hist(&keys, &values, 0, d, 0), 0.125, &mut scores, o, st);
+        assert_eq!(st, [f32::NEG_INFINITY, 0.0].repeat(g));
+        let mut again = vec![0f32; g * d];
+        merge_parts(g, &slots, &mut again);
+        assert_eq!(again, got);
+        for h in 0..g {
+            let mut want = vec![0f32; d];
+            attend_ref(&q[h * d..(h + 1) * d], hist(&keys, &values, n, d, 0), 0.125, &mut want);
+            for (a, b) in got[h * d..(h + 1) * d].iter().zip(&want) {
+                assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "head {h}: {a} vs {b}");
             }
         }
     }

@@ -45,7 +45,7 @@ use forge_core::checkpoint::Checkpoint;
 use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
 use forge_core::tensor::HostTensor;
 use forge_kernels::act::{sigmoid, silu, softplus, swiglu};
-use forge_kernels::attention::{attend_group, History};
+use forge_kernels::attention::{attend_part, merge_parts, n_parts, part_len, History};
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
@@ -423,35 +423,44 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         let mut out = Buf::zeros(t * nh * hd);
         let cache = &*cache;
-        // One task item per (token, key/value head): the query heads of a group go together so
-        // each cached key and value row is read once for all of them. When that leaves fewer
-        // items than two per worker (decode: SmolLM2 has 3 key/value heads for 2 workers), one
-        // item per query head instead; `attend_group` gives the same bits either way.
-        let threads = rayon::current_num_threads();
-        let per_item = if t * kvh < 2 * threads { 1 } else { group };
-        let one = |scores: &mut [f32], (idx, o): (usize, &mut [f32])| {
-            let (i, h0) = (idx * per_item / nh, idx * per_item % nh);
-            let qg = &q[(i * nh + h0) * hd..(i * nh + h0 + per_item) * hd];
-            let g = h0 / group;
-            let kv = History { keys: cache.keys(g), values: cache.values(g), n: pos0 + i + 1, stride: hd, offset: 0 };
-            attend_group(qg, hd, kv, scale, scores, o);
+        // Items: (token, key/value head, part of that token's history), parts fastest. The
+        // query heads of a group go together, so each cached key and value row is read once
+        // for all of them; cutting the history into parts (`part_len`, a function of its
+        // length alone) gives decode's few heads enough items for every worker and the same
+        // bits for a token however it is computed (decode, verify, prefill).
+        let parts = (pos0 + 1..=pos0 + t).map(n_parts).max().unwrap_or(1);
+        let (gsize, slot) = (group * hd, group * hd + 2 * group);
+        let items = t * kvh * parts;
+        let one = |scores: &mut [f32], item: usize, sl: &mut [f32]| {
+            let (i, g, p) = (item / (kvh * parts), item / parts % kvh, item % parts);
+            let n = pos0 + i + 1;
+            let qg = &q[(i * nh + g * group) * hd..(i * nh + (g + 1) * group) * hd];
+            let kv = History { keys: cache.keys(g), values: cache.values(g), n, stride: hd, offset: 0 };
+            let (o, st) = sl.split_at_mut(gsize);
+            // Parts past this token's own count (prefill's earlier tokens) stay empty.
+            let kv = if p < n_parts(n) { kv.part(p) } else { History { n: 0, ..kv } };
+            attend_part(qg, hd, kv, scale, scores, o, st);
         };
-        let gsize = per_item * hd;
+        let mut slots = Buf::zeros(items * slot);
+        let ssize = group * part_len(pos0 + t);
         // Fork only when there is enough work to pay for it (not for decode at short context).
         if fork((pos0 + t) * t * nh * hd) {
-            // Two tasks per worker, each with its own score buffer; single heads one by one. The
-            // score buffers are taken here, on the calling thread, so that the workers need no
+            // One item per task at decode sizes, else about four tasks per worker; each task's
+            // score buffer is taken here, on the calling thread, so that the workers need no
             // scratch of their own.
-            let per = if per_item == 1 { 1 } else { (t * nh / per_item).div_ceil(2 * threads) };
-            let tasks = out.len().div_ceil(per * gsize);
-            let ssize = per_item * (pos0 + t);
+            let threads = rayon::current_num_threads();
+            let per = if items <= 8 * threads { 1 } else { items.div_ceil(4 * threads) };
+            let tasks = items.div_ceil(per);
             let mut scores = Buf::zeros(tasks * ssize);
-            par_chunks2_mut(&mut out, per * gsize, &mut scores, ssize, &|i, o, sc| {
-                o.chunks_mut(gsize).enumerate().for_each(|(k, og)| one(sc, (i * per + k, og)));
+            par_chunks2_mut(&mut slots, per * slot, &mut scores, ssize, &|k, sl, sc| {
+                sl.chunks_mut(slot).enumerate().for_each(|(j, s)| one(sc, k * per + j, s));
             });
         } else {
-            let mut scores = Buf::zeros(per_item * (pos0 + t));
-            out.chunks_mut(gsize).enumerate().for_each(|item| one(&mut scores, item));
+            let mut scores = Buf::zeros(ssize);
+            slots.chunks_mut(slot).enumerate().for_each(|(k, s)| one(&mut scores, k, s));
+        }
+        for (o, sl) in out.chunks_mut(gsize).zip(slots.chunks(parts * slot)) {
+            merge_parts(group, sl, o);
         }
         if cfg.attn_output_gate {
             out.iter_mut().zip(gate.iter()).for_each(|(o, &g)| *o *= sigmoid(g));
