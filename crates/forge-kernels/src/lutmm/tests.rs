@@ -677,3 +677,49 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
         }
     }
 }
+
+#[test]
+fn shared_calls_cut_into_guided_tasks_cover_every_row_once() {
+    // Three matrices sharing an input, big enough to be cut into tasks of falling size across
+    // matrix boundaries, on pools of 1–3 threads (with and without the spinning team): every
+    // output row is written (they start as NaN) with the bits of the one-thread call.
+    use intdot::{matmul_many, QuantX};
+    let mut rng = Rng(17);
+    let ms: Vec<PackedMatrix> = [(402, 576), (74, 576), (530, 576)]
+        .iter()
+        .map(|&(o, i)| PackedMatrix::from_lut(&random_lut_int(Format::Vec2x64, o, i, &mut rng)))
+        .collect();
+    let ds: Vec<_> = ms.iter().map(|p| p.as_dot().unwrap()).collect();
+    for t in [1usize, 3] {
+        let x: Vec<f32> = (0..t * 576).map(|_| rng.f()).collect();
+        let qx = QuantX::new(&x, t, 576);
+        let run = |threads: usize, team: bool| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut ys: Vec<Vec<f32>> = ds.iter().map(|d| vec![f32::NAN; t * d.cout]).collect();
+                let mut call = || {
+                    let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                    matmul_many(true, &ds, &qx, &mut refs);
+                };
+                if team {
+                    crate::team::with_team(call)
+                } else {
+                    call()
+                }
+                ys
+            })
+        };
+        let want = run(1, false);
+        assert!(want.iter().flatten().all(|v| v.is_finite()));
+        for (threads, team) in [(2, false), (2, true), (3, true)] {
+            let got = run(threads, team);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(
+                    g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "t={t} threads={threads} team={team}"
+                );
+            }
+        }
+    }
+}
