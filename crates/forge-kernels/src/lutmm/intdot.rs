@@ -1377,8 +1377,14 @@ mod avx2 {
         }
         // The kernel for a kind, each entry in its AVX2 or AVX-512 build.
         macro_rules! go {
-            ($k:expr, $decode:ident, $pass:ident, $block:ident) => {
-                match (a.t, a.planes, nw($k) == 1) {
+            ($k:expr, $decode:ident, $pass:ident, $block:ident) => {{
+                // The vector kinds too look weights up in registers per pass of four rows up
+                // to 8 rows (verify): against expanding blocks to 16 bits first, 1536×576 in
+                // L2 ran vec2x64 2.1× at 2–3 rows, 1.7× at 4, 1.07–1.2× at 6–8 (vec2x16
+                // 1.4–2.7×, 1.07× at 8), and 0.86–0.93× at 12–15. (Measured on AVX2 only: the
+                // AVX-512 builds keep the blocks.)
+                let in_registers = nw($k) == 1 || (a.t <= 8 && $k & X512 == 0);
+                match (a.t, a.planes, in_registers) {
                     (1, 2, _) => $decode::<$k, 2>(a),
                     (1, _, _) => $decode::<$k, 1>(a),
                     (_, 2, true) => $pass::<$k, 2>(a),
@@ -1386,7 +1392,7 @@ mod avx2 {
                     (_, 2, false) => $block::<$k, 2>(a),
                     _ => $block::<$k, 1>(a),
                 }
-            };
+            }};
         }
         if super::avx512() {
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
@@ -1906,16 +1912,57 @@ mod avx2 {
         acc: &mut [[[__m256i; 2]; 2]; T],
     ) {
         let row = a.row.add(r * a.row_bytes + c0 * chunk_bytes(K));
-        for i in 0..n {
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(i * chunk_bytes(K) + PREFETCH) as *const i8);
-            let w = weights::<K>(row.add(i * chunk_bytes(K)), tb);
+        // Chunks in groups whose weights are all looked up before any is multiplied: the
+        // out-of-order core then overlaps one group's lookups with the previous one's products.
+        // Against one chunk per iteration (in L2, one thread, best of 30 alternated rounds),
+        // groups of two ran vec2x64 1.05–1.15× and vec2x16 1.02–1.17×, groups of four lut4
+        // 1.01–1.15× and INT8 1.01–1.19× (four did no better than two for the two-output kinds,
+        // and vec2x16 0.90–0.99×); SmolLM2's decode, 2 threads: vec2x64 1.09×, lut4 1.12×.
+        let mut i = 0;
+        if nw(K) == 1 {
+            while i + 4 <= n {
+                chunk_group::<K, P, T, 4>(a, tb, row, t0, c0 + i, i, acc);
+                i += 4;
+            }
+        }
+        while i + 2 <= n {
+            chunk_group::<K, P, T, 2>(a, tb, row, t0, c0 + i, i, acc);
+            i += 2;
+        }
+        if i < n {
+            chunk_group::<K, P, T, 1>(a, tb, row, t0, c0 + i, i, acc);
+        }
+    }
+
+    /// Chunks `i..i + U` of the index row at `row` (chunk `c` of the activations onward) into
+    /// `acc`: all `U` chunks' weights first, then their products.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn chunk_group<const K: u8, const P: usize, const T: usize, const U: usize>(
+        a: &Args,
+        tb: &Tabs,
+        row: *const u8,
+        t0: usize,
+        c: usize,
+        i: usize,
+        acc: &mut [[[__m256i; 2]; 2]; T],
+    ) {
+        // One request per cache line of the group (INT8's four chunks span two).
+        for line in (0..U * chunk_bytes(K)).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(i * chunk_bytes(K) + line + PREFETCH) as *const i8);
+        }
+        let mut ws = [[_mm256_setzero_si256(); 2]; U];
+        for (u, w) in ws.iter_mut().enumerate() {
+            *w = weights::<K>(row.add((i + u) * chunk_bytes(K)), tb);
+        }
+        for (u, w) in ws.iter().enumerate() {
             for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                 let (lo, hi) = widen(wv);
                 for (t, at) in acc.iter_mut().enumerate() {
-                    let x = a.xq.add((t0 + t) * a.cin_pad + (c0 + i) * CHUNK) as *const __m256i;
+                    let x = a.xq.add((t0 + t) * a.cin_pad + (c + u) * CHUNK) as *const __m256i;
                     at[v][0] = mac::<K>(at[v][0], lo, hi, x);
                     if P == 2 {
-                        let x2 = a.xq2.add((t0 + t) * a.cin_pad + (c0 + i) * CHUNK) as *const __m256i;
+                        let x2 = a.xq2.add((t0 + t) * a.cin_pad + (c + u) * CHUNK) as *const __m256i;
                         at[v][1] = mac2::<K>(at[v][1], wv, x2);
                     }
                 }
@@ -1923,9 +1970,10 @@ mod avx2 {
         }
     }
 
-    /// A few activation rows with the one-output kinds: one index row at a time against up to
-    /// four activation rows, weights looked up in registers once per pass. (Expanding weights
-    /// to a buffer first, as `block_rows` does, costs INT8 and lut4 more than it saves.)
+    /// A few activation rows with the one-output kinds (and, up to 8 rows, the vector kinds):
+    /// one index row at a time against up to four activation rows, weights looked up in
+    /// registers once per pass. (Expanding weights to a buffer first, as `block_rows` does,
+    /// costs INT8 and lut4 more than it saves, and the vector kinds below 9 rows.)
     #[target_feature(enable = "avx2,fma")]
     unsafe fn pass_rows<const K: u8, const P: usize>(a: &Args) {
         pass_rows_in::<K, P>(a)
@@ -1948,10 +1996,10 @@ mod avx2 {
         }
     }
 
-    /// Several activation rows: each block of a group of four output rows is expanded once to
-    /// 16-bit weights (8 KiB, stays in L1), then every activation row streams past it; the
-    /// four rows share each activation load, so the loop is bound by `pmaddwd`, not by
-    /// reading activations from L2.
+    /// Several activation rows (the vector kinds from 9): each block of a group of four output
+    /// rows is expanded once to 16-bit weights (8 KiB, stays in L1), then every activation row
+    /// streams past it; the four rows share each activation load, so the loop is bound by
+    /// `pmaddwd`, not by reading activations from L2.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn block_rows<const K: u8, const P: usize>(a: &Args) {
         block_rows_in::<K, P>(a)

@@ -1,0 +1,58 @@
+//! In-process A/B timing of a kernel change: a change under test reads
+//! `forge_kernels::experiment::variant()`, and for each format this alternates variant 0 and 1
+//! round by round (the order flipped every round) on one matrix held in cache, and reports the
+//! best round of each and their ratio (variant 1 ÷ variant 0, as speed). With nothing reading
+//! the switch it measures the noise (an A/A test).
+//!
+//! `cargo run --release -p forge-kernels --example kernel_ab -- [COUTxCIN] [rows] [rounds]`
+//! (`rows` activation rows, default 1: decode; threads from `RAYON_NUM_THREADS`).
+
+use forge_kernels::lut::{Format, Int8Matrix};
+use forge_kernels::lutmm::intdot::{matmul_many, DotMatrix, QuantX};
+use std::time::Instant;
+
+mod common;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (cout, cin) = common::shape_arg(&args, 1, (1536, 576));
+    let t: usize = args.get(2).map(|s| s.parse().expect("rows")).unwrap_or(1);
+    let rounds: usize = args.get(3).map(|s| s.parse().expect("rounds")).unwrap_or(30);
+    let mut rng = common::Rng::new();
+    let x = rng.activations(t * cin);
+    let qx = QuantX::new(&x, t, cin);
+    println!("{cout}x{cin}, {t} row(s), {} thread(s), best of {rounds} rounds", rayon::current_num_threads());
+    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        let d = if format == Format::Int8 {
+            let q = (0..cout * cin).map(|_| rng.next() as u8 as i8).collect();
+            DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
+        } else {
+            rng.lut_matrix(format, cout, cin)
+        };
+        let bytes = d.packed_bytes() as f64;
+        let mut y = vec![0f32; t * cout];
+        // About 0.03 s of work per round at 10 GB/s.
+        let reps = ((3e8 / bytes) as usize).clamp(1, 10_000);
+        let mut best = [f64::MAX; 2];
+        for r in 0..rounds {
+            for k in 0..2 {
+                let v = (r + k) % 2;
+                forge_kernels::experiment::set(v);
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    matmul_many(true, &[&d], &qx, &mut [&mut y]);
+                }
+                best[v] = best[v].min(t0.elapsed().as_secs_f64() / reps as f64);
+            }
+        }
+        forge_kernels::experiment::set(0);
+        let gb = |s: f64| bytes / s / 1e9;
+        println!(
+            "{:8} variant 0 {:6.2} GB/s, variant 1 {:6.2} GB/s, ratio 1/0 {:.3}",
+            format!("{format:?}"),
+            gb(best[0]),
+            gb(best[1]),
+            best[0] / best[1]
+        );
+    }
+}
