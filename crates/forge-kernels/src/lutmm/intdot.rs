@@ -1914,15 +1914,23 @@ mod avx2 {
         let row = a.row.add(r * a.row_bytes + c0 * chunk_bytes(K));
         // Chunks in groups whose weights are all looked up before any is multiplied: the
         // out-of-order core then overlaps one group's lookups with the previous one's products.
-        // Against one chunk per iteration (in L2, one thread, best of 30 alternated rounds),
-        // groups of two ran vec2x64 1.05–1.15× and vec2x16 1.02–1.17×, groups of four lut4
-        // 1.01–1.15× and INT8 1.01–1.19× (four did no better than two for the two-output kinds,
-        // and vec2x16 0.90–0.99×); SmolLM2's decode, 2 threads: vec2x64 1.09×, lut4 1.12×.
+        // Against one chunk per iteration (in L2, one thread, best of 30 alternated rounds,
+        // `kernel_ab`), groups of two ran vec2x64 1.05–1.15× and vec2x16 1.02–1.17×, groups of
+        // four lut4 1.01–1.15× and INT8 1.01–1.19×; SmolLM2's decode, 2 threads: vec2x64 1.09×,
+        // lut4 1.12×. Three for vec2x64 then ran 1.03–1.14× two (decode 1.06×); four did no
+        // better than two for vec2x64 and 0.90–0.99× for vec2x16, eight 0.89–1.04× four.
         let mut i = 0;
         if nw(K) == 1 {
             while i + 4 <= n {
                 chunk_group::<K, P, T, 4>(a, tb, row, t0, c0 + i, i, acc);
                 i += 4;
+            }
+        }
+        // (Three at up to two activation rows; with four rows, 0.92× two.)
+        if base(K) == VEC64 && T <= 2 {
+            while i + 3 <= n {
+                chunk_group::<K, P, T, 3>(a, tb, row, t0, c0 + i, i, acc);
+                i += 3;
             }
         }
         while i + 2 <= n {
