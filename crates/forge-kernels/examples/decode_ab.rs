@@ -6,8 +6,8 @@
 //! (`rows` activation rows, default 1: decode; 2–15 time the verify kernels; the matrix rows
 //! are split across the pool's threads as in `forge`, `RAYON_NUM_THREADS` sets them).
 
-use forge_kernels::lut::{Format, Int8Matrix};
-use forge_kernels::lutmm::intdot::{self, matmul_many, DotMatrix, QuantX};
+use forge_kernels::lut::Format;
+use forge_kernels::lutmm::intdot::{self, matmul_many, QuantX};
 use std::time::Instant;
 
 mod common;
@@ -26,12 +26,7 @@ fn main() {
     println!("{cout}x{cin}, {} thread(s), paired layout: {}", rayon::current_num_threads(), paired.paired);
     println!("{:8} {:>10} {:>10} {:>7}", "format", "256 GB/s", "512 GB/s", "ratio");
     for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
-        let d = if format == Format::Int8 {
-            let q = (0..cout * cin).map(|_| rng.next() as u8 as i8).collect();
-            DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
-        } else {
-            rng.lut_matrix(format, cout, cin)
-        };
+        let d = rng.dot_matrix(format, cout, cin);
         let bytes = d.packed_bytes() as f64;
         let mut y = vec![0f32; t * cout];
         // About 0.1 s of work per round at 10 GB/s.

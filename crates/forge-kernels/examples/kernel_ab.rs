@@ -7,8 +7,8 @@
 //! `cargo run --release -p forge-kernels --example kernel_ab -- [COUTxCIN] [rows] [rounds]`
 //! (`rows` activation rows, default 1: decode; threads from `RAYON_NUM_THREADS`).
 
-use forge_kernels::lut::{Format, Int8Matrix};
-use forge_kernels::lutmm::intdot::{matmul_many, DotMatrix, QuantX};
+use forge_kernels::lut::Format;
+use forge_kernels::lutmm::intdot::{matmul_many, QuantX};
 use std::time::Instant;
 
 mod common;
@@ -23,12 +23,7 @@ fn main() {
     let qx = QuantX::new(&x, t, cin);
     println!("{cout}x{cin}, {t} row(s), {} thread(s), best of {rounds} rounds", rayon::current_num_threads());
     for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
-        let d = if format == Format::Int8 {
-            let q = (0..cout * cin).map(|_| rng.next() as u8 as i8).collect();
-            DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
-        } else {
-            rng.lut_matrix(format, cout, cin)
-        };
+        let d = rng.dot_matrix(format, cout, cin);
         let bytes = d.packed_bytes() as f64;
         let mut y = vec![0f32; t * cout];
         // About 0.03 s of work per round at 10 GB/s.

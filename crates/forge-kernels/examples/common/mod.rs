@@ -1,6 +1,6 @@
 //! Seeded test data shared by the kernel examples.
 
-use forge_kernels::lut::{Format, LutMatrix};
+use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
 use forge_kernels::lutmm::intdot::DotMatrix;
 
 /// Argument `i` as a `COUTxCIN` shape, or `default`.
@@ -45,5 +45,16 @@ impl Rng {
             scale: vec![0.01; cout],
         };
         DotMatrix::from_lut(&m).expect("integer codebook")
+    }
+
+    /// A random `cout × cin` matrix of any integer-dot format: INT8 bytes, or [`Rng::lut_matrix`].
+    #[allow(dead_code)] // not every example times INT8
+    pub fn dot_matrix(&mut self, format: Format, cout: usize, cin: usize) -> DotMatrix {
+        if format == Format::Int8 {
+            let q = (0..cout * cin).map(|_| self.next() as u8 as i8).collect();
+            DotMatrix::from_int8(&Int8Matrix { cout, cin, q, scale: vec![0.01; cout] })
+        } else {
+            self.lut_matrix(format, cout, cin)
+        }
     }
 }
