@@ -105,6 +105,22 @@ impl Rotation {
         self.for_each_row(x, |r| self.forward_row(r));
     }
 
+    /// `out = x M` (as [`Rotation::apply_rows`] on a copy, with the same bits, the sign pass
+    /// doing the copy).
+    pub fn apply_rows_into(&self, x: &[f32], out: &mut [f32]) {
+        self.check_rows(x.len(), "activation");
+        assert_eq!(x.len(), out.len(), "rotation: {} inputs for {} outputs", x.len(), out.len());
+        let n = self.dim;
+        if x.len() >= PAR_MIN_ELEMS && x.len() > n {
+            out.copy_from_slice(x);
+            return self.apply_rows(out);
+        }
+        for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            or.iter_mut().zip(xr).zip(&self.scaled_signs).for_each(|((o, &v), s)| *o = v * s);
+            fwht_blocks(or, self.block);
+        }
+    }
+
     /// `x ← x Mᵀ` (undoes [`Rotation::apply_rows`]).
     pub fn apply_inverse_rows(&self, x: &mut [f32]) {
         self.check_rows(x.len(), "activation");
@@ -214,6 +230,22 @@ mod tests {
                     assert!((m[i * dim + j] - want).abs() < 1e-6);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn rotation_into_a_buffer_equals_rotation_in_place() {
+        for (dim, t) in [(576, 1), (1536, 3), (1024, 40)] {
+            let r = Rotation::new(dim, 1001);
+            let x = data(dim * t, 5);
+            let mut a = x.clone();
+            r.apply_rows(&mut a);
+            let mut b = vec![f32::NAN; x.len()];
+            r.apply_rows_into(&x, &mut b);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
         }
     }
 

@@ -108,6 +108,11 @@ impl LowRank {
 pub trait InputRotation: Send + Sync {
     /// `x ← x M` for rows of `x`.
     fn apply_rows(&self, x: &mut [f32]);
+    /// `out = x M` (the same bits as `apply_rows` on a copy of `x`).
+    fn apply_rows_into(&self, x: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(x);
+        self.apply_rows(out);
+    }
     /// `W ← W Mᵀ` (back to the original basis) for a `cout × in` weight.
     fn unrotate_weight(&self, w: &mut [f32], cout: usize);
     /// Description recorded in reports, e.g. `hadamard(block=64, seed=1003)`.
@@ -300,8 +305,8 @@ impl Linear {
     /// The kernel input when it is not `x` itself: its rotation, in a pooled buffer.
     fn rotated_input(&self, x: &[f32]) -> Option<Buf> {
         self.rotation.as_ref().map(|r| {
-            let mut b = Buf::copy_of(x);
-            r.apply_rows(&mut b);
+            let mut b = Buf::for_overwrite(x.len());
+            r.apply_rows_into(x, &mut b);
             b
         })
     }
@@ -390,6 +395,9 @@ impl Linear {
 impl InputRotation for forge_kernels::rotation::Rotation {
     fn apply_rows(&self, x: &mut [f32]) {
         forge_kernels::rotation::Rotation::apply_rows(self, x)
+    }
+    fn apply_rows_into(&self, x: &[f32], out: &mut [f32]) {
+        forge_kernels::rotation::Rotation::apply_rows_into(self, x, out)
     }
     fn unrotate_weight(&self, w: &mut [f32], cout: usize) {
         forge_kernels::rotation::Rotation::unrotate_weight(self, w, cout)

@@ -328,7 +328,7 @@ impl Model {
         for (xi, hi) in rows.chunks(h).zip(normed.chunks_mut(h)) {
             rmsnorm(xi, &self.final_norm, self.cfg.rms_eps, self.cfg.norm_zero_centered, hi);
         }
-        out.clear();
+        // Every logit is written: only a change of size needs the resize.
         out.resize(n * self.head.out_f, 0.0);
         self.head.forward_into(&normed, n, out)
     }
@@ -339,7 +339,7 @@ impl Model {
         let (zc, eps) = (self.cfg.norm_zero_centered, self.cfg.rms_eps);
         let layer = &self.layers[li];
         let mut timer = crate::profile::start();
-        let mut hbuf = Buf::zeros(t * h);
+        let mut hbuf = Buf::for_overwrite(t * h);
         by_rows(&mut hbuf, h, &|r0, hb| {
             for (xi, hi) in x[r0 * h..].chunks(h).zip(hb.chunks_mut(h)) {
                 rmsnorm(xi, &layer.input_norm, eps, zc, hi);
@@ -391,7 +391,7 @@ impl Model {
         let (mut qf, mut k, mut v) = (Buf::zeros(t * a.q.out_f), Buf::zeros(t * a.k.out_f), Buf::zeros(t * a.v.out_f));
         Linear::forward_shared_into(&[&a.q, &a.k, &a.v], hbuf, t, &mut [&mut qf, &mut k, &mut v])?;
         let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate
-        let mut q = Buf::zeros(t * nh * hd);
+        let mut q = Buf::for_overwrite(t * nh * hd);
         let mut gate = Buf::zeros(if cfg.attn_output_gate { t * nh * hd } else { 0 });
         let nf = self.rope.n_freq();
         let (mut cos, mut sin) = (Buf::zeros(nf), Buf::zeros(nf));
@@ -421,7 +421,7 @@ impl Model {
         cache.push(&k, &v);
         let group = nh / kvh;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = Buf::zeros(t * nh * hd);
+        let mut out = Buf::for_overwrite(t * nh * hd);
         let cache = &*cache;
         // Items: (token, key/value head, part of that token's history), parts fastest. The
         // query heads of a group go together, so each cached key and value row is read once

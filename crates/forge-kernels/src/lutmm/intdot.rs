@@ -251,6 +251,8 @@ pub struct QuantX {
     /// accumulator lane ([`lane`] for `q₁`, [`lane2`] for `q₂`). The SIMD kernels multiply unsigned weights `w + 128` (a zero-extend
     /// instead of a sign-extend) and subtract this to recover `Σ w · q` exactly.
     pub corr: Vec<i32>,
+    /// One block's residuals `x − s₁·q₁` (a kept buffer).
+    pub(crate) resid: Vec<f32>,
 }
 
 /// Accumulator lanes of the kernels: position `k` of a chunk's stored activations (see
@@ -330,6 +332,13 @@ fn quantize_chunk(v: &[f32], inv: f32, s: f32, out: &mut [i16], resid: &mut [f32
     }
 }
 
+/// The second plane's codes of a block's residuals `v`: `round(v · inv)` within ±[`XMAX2`].
+fn quantize_plane2(v: &[f32], inv: f32, out: &mut [i8]) {
+    for (o, &r) in out.iter_mut().zip(v) {
+        *o = round_small(r * inv).clamp(-XMAX2, XMAX2) as i8;
+    }
+}
+
 thread_local! {
     /// This thread's last quantized activations, kept for their buffers.
     static QUANT_X: std::cell::RefCell<Option<QuantX>> = const { std::cell::RefCell::new(None) };
@@ -381,6 +390,12 @@ impl QuantX {
         self.fill(x, t, cin, planes, crate::simd::has_avx2_fma(), paired_layout())
     }
 
+    /// [`QuantX::requantize`] with 1 or 2 planes whatever the process-wide setting (tests).
+    #[cfg(test)]
+    pub(crate) fn fill_with_planes(&mut self, x: &[f32], t: usize, cin: usize, planes: usize) {
+        self.fill(x, t, cin, planes, crate::simd::has_avx2_fma(), paired_layout())
+    }
+
     /// The same through the portable code alone (the reference the AVX2 path must equal).
     #[cfg(test)]
     pub(crate) fn with_planes_scalar(x: &[f32], t: usize, cin: usize, planes: usize) -> QuantX {
@@ -411,14 +426,20 @@ impl QuantX {
         assert_eq!(x.len(), t * cin, "x has {} values, expected {t}×{cin}", x.len());
         let cin_pad = cin.div_ceil(CHUNK) * CHUNK;
         let nblocks = cin_pad.div_ceil(XBLOCK);
+        #[cfg(target_arch = "x86_64")]
+        let simd = simd && crate::simd::has_avx2_fma();
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = simd;
         let (q, q2, scale, corr) = (&mut self.q, &mut self.q2, &mut self.scale, &mut self.corr);
-        q.clear();
+        // Every code is written below (the zero ones too), so the kept buffers are only sized,
+        // not cleared: at decode sizes clearing them, and a zeroed residual buffer per call,
+        // were most of this function's time.
         q.resize(t * cin_pad, 0);
-        q2.clear();
         q2.resize(t * cin_pad, 0);
+        self.resid.resize(XBLOCK, 0.0);
+        let resid = &mut self.resid[..];
         scale.clear();
         scale.resize(t * nblocks * 2, 0.0);
-        let mut resid = [0f32; XBLOCK];
         let chunk: fn(&[f32], f32, f32, &mut [i16], &mut [f32]) = {
             #[cfg(target_arch = "x86_64")]
             {
@@ -431,46 +452,58 @@ impl QuantX {
             }
             #[cfg(not(target_arch = "x86_64"))]
             {
-                let _ = simd;
                 quantize_chunk
+            }
+        };
+        let plane2: fn(&[f32], f32, &mut [i8]) = {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if simd {
+                    // SAFETY (of the call through this pointer): AVX2 was detected.
+                    |v, inv, out| unsafe { avx2::quantize_plane2(v, inv, out) }
+                } else {
+                    quantize_plane2
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                quantize_plane2
             }
         };
         for r in 0..t {
             let xr = &x[r * cin..(r + 1) * cin];
-            let qr = &mut q[r * cin_pad..(r + 1) * cin_pad];
             for b in 0..nblocks {
-                let (j0, j1) = (b * XBLOCK, ((b + 1) * XBLOCK).min(cin));
-                if j0 >= j1 {
-                    continue;
-                }
-                let xb = &xr[j0..j1];
+                // Columns j0..j1 of the input, j0..jp with the zero padding of the last chunk.
+                let (j0, j1, jp) = (b * XBLOCK, ((b + 1) * XBLOCK).min(cin), ((b + 1) * XBLOCK).min(cin_pad));
+                let (qb, q2b) =
+                    (&mut q[r * cin_pad + j0..r * cin_pad + jp], &mut q2[r * cin_pad + j0..r * cin_pad + jp]);
                 let sc = &mut scale[(r * nblocks + b) * 2..][..2];
+                let xb = &xr[j0.min(j1)..j1];
                 let (m, finite) = absmax_finite(xb);
                 if m == 0.0 || !finite {
                     // A zero block; or a non-finite input, which the scale propagates as NaN.
                     sc[0] = if finite { 0.0 } else { f32::NAN };
+                    qb.fill(0);
+                    q2b.fill(0);
                     continue;
                 }
                 let xmax = if paired { XMAX_PAIRED } else { XMAX };
                 let (s1, inv1) = (m / xmax, xmax / m);
-                // Blocks start on chunk boundaries (XBLOCK is a multiple of CHUNK).
+                // Blocks start on chunk boundaries (XBLOCK is a multiple of CHUNK); a last
+                // partial chunk is written whole, zero codes past the input.
                 for (c, xc) in xb.chunks(CHUNK).enumerate() {
-                    let out = &mut qr[(j0 / CHUNK + c) * CHUNK..][..CHUNK];
-                    chunk(xc, inv1, s1, out, &mut resid[c * CHUNK..(c + 1) * CHUNK]);
+                    chunk(xc, inv1, s1, &mut qb[c * CHUNK..][..CHUNK], &mut resid[c * CHUNK..(c + 1) * CHUNK]);
                 }
                 sc[0] = s1;
-                if planes == 1 {
-                    continue;
-                }
-                let res = &resid[..xb.len()];
-                let (m2, _) = absmax_finite(res);
+                let (m2, _) = if planes == 2 { absmax_finite(&resid[..xb.len()]) } else { (0.0, true) };
                 if m2 > 0.0 {
                     let (s2, inv2) = (m2 / XMAX2, XMAX2 / m2);
                     sc[1] = s2;
-                    let q2b = &mut q2[r * cin_pad + j0..][..xb.len()];
-                    for (o, &v) in q2b.iter_mut().zip(res) {
-                        *o = round_small(v * inv2).clamp(-XMAX2, XMAX2) as i8;
-                    }
+                    let (codes, pad) = q2b.split_at_mut(xb.len());
+                    plane2(&resid[..xb.len()], inv2, codes);
+                    pad.fill(0);
+                } else {
+                    q2b.fill(0);
                 }
             }
         }
@@ -479,6 +512,15 @@ impl QuantX {
         for (r, cr) in corr.chunks_mut(nblocks * 2 * LANES).enumerate() {
             let qr = &q[r * cin_pad..(r + 1) * cin_pad];
             let q2r = &q2[r * cin_pad..(r + 1) * cin_pad];
+            #[cfg(target_arch = "x86_64")]
+            if simd && !paired {
+                for (b, cb) in cr.chunks_exact_mut(2 * LANES).enumerate() {
+                    let cols = b * XBLOCK..((b + 1) * XBLOCK).min(cin_pad);
+                    // SAFETY: AVX2 was detected; the slices hold whole chunks.
+                    unsafe { avx2::block_corr(&qr[cols.clone()], &q2r[cols], cb) };
+                }
+                continue;
+            }
             for (c, (qc, q2c)) in qr.chunks(CHUNK).zip(q2r.chunks(CHUNK)).enumerate() {
                 let b = c * CHUNK / XBLOCK;
                 let cl = &mut cr[b * 2 * LANES..][..LANES];
@@ -1596,6 +1638,58 @@ mod avx2 {
         _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, ac);
         _mm256_storeu_si256(out.as_mut_ptr().add(16) as *mut __m256i, bd);
         resid[..v.len()].copy_from_slice(&res[..v.len()]);
+    }
+
+    /// `super::quantize_plane2` in AVX2: the same multiply and round to nearest even (the
+    /// scalar code's `round_small` differs only in the sign of a zero, which the integer
+    /// conversion drops), so the codes are identical.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `out` holds at least `v.len()` codes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_plane2(v: &[f32], inv: f32, out: &mut [i8]) {
+        assert!(out.len() >= v.len());
+        let n = v.len() / CHUNK * CHUNK;
+        let (vinv, lo, hi) = (_mm256_set1_ps(inv), _mm256_set1_ps(-super::XMAX2), _mm256_set1_ps(super::XMAX2));
+        // `packs` leaves four-byte groups [a0–3 b0–3 c0–3 d0–3 | a4–7 b4–7 c4–7 d4–7].
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for i in (0..n).step_by(CHUNK) {
+            let mut c = [_mm256_setzero_si256(); 4];
+            for (k, ck) in c.iter_mut().enumerate() {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(v.as_ptr().add(i + 8 * k)), vinv);
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+                *ck = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+            }
+            let codes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+            let codes = _mm256_permutevar8x32_epi32(codes, order);
+            _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut __m256i, codes);
+        }
+        super::quantize_plane2(&v[n..], inv, &mut out[n..]);
+    }
+
+    /// A block's `QuantX::corr` in the plain layout: `out[..8]` the 16-bit plane's lanes
+    /// (`pmaddwd` pairs of positions), `out[8..16]` the second plane's (columns `4l..4l + 4`),
+    /// each `128 · Σ q`. Exact integer sums, so equal to the scalar loop.
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn block_corr(q: &[i16], q2: &[i8], out: &mut [i32]) {
+        assert!(q.len() == q2.len() && q.len().is_multiple_of(CHUNK) && out.len() >= 2 * LANES);
+        let (ones16, ones8) = (_mm256_set1_epi16(1), _mm256_set1_epi8(1));
+        let (mut a1, mut a2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for c in 0..q.len() / CHUNK {
+            let p = q.as_ptr().add(c * CHUNK) as *const __m256i;
+            let pairs = _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_loadu_si256(p), ones16),
+                _mm256_madd_epi16(_mm256_loadu_si256(p.add(1)), ones16),
+            );
+            a1 = _mm256_add_epi32(a1, pairs);
+            let p2 = _mm256_maddubs_epi16(ones8, _mm256_loadu_si256(q2.as_ptr().add(c * CHUNK) as *const __m256i));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(p2, ones16));
+        }
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, _mm256_slli_epi32::<7>(a1));
+        _mm256_storeu_si256(out.as_mut_ptr().add(LANES) as *mut __m256i, _mm256_slli_epi32::<7>(a2));
     }
 
     /// See `super::dot_rows`: tiles of 3 activation rows × 4 weight rows, eight inputs per

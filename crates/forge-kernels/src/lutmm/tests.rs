@@ -294,6 +294,7 @@ fn second_plane_sums_are_exact_at_the_extremes() {
                     paired,
                     qhl: if paired { vec![0; cin_pad / 64 * 128] } else { Vec::new() },
                     corr: corr.clone(),
+                    ..QuantX::default()
                 };
                 let want = wv as f32 * code as f32 * cin as f32;
                 for simd in [false, true] {
@@ -496,6 +497,35 @@ fn simd_activation_quantization_equals_scalar() {
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a.scale), bits(&b.scale), "scales t={t} cin={cin} planes={planes}");
             assert_eq!(a.corr, b.corr, "corrections t={t} cin={cin} planes={planes}");
+        }
+    }
+}
+
+#[test]
+fn requantizing_into_kept_buffers_equals_a_fresh_quantization() {
+    // The kept buffers are sized, not cleared: whatever a larger, denser earlier call left in
+    // them, zero blocks, zero residuals, one plane and the padding past the input must still
+    // come out as zero codes.
+    use intdot::QuantX;
+    let mut rng = Rng(41);
+    let dense: Vec<f32> = (0..3 * 4200).map(|_| rng.f() * 9.0).collect();
+    let mut kept = QuantX::default();
+    for (t, cin, planes) in [(1, 576, 2), (2, 4200, 2), (1, 1531, 1), (1, 2100, 2), (2, 33, 2)] {
+        let mut x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
+        if cin > 2048 {
+            x[..2048].fill(0.0); // a zero block
+            x[2048..2048 + 32].fill(0.5); // codes with no residual (0.5 is exact)
+        }
+        for planes_now in [planes, 3 - planes] {
+            let fresh = QuantX::with_planes(&x, t, cin, planes_now);
+            kept.fill_with_planes(&dense, 3, 4200, 2);
+            kept.fill_with_planes(&x, t, cin, planes_now);
+            assert_eq!(kept.q, fresh.q, "codes t={t} cin={cin} planes={planes_now}");
+            assert_eq!(kept.q2, fresh.q2, "second-plane codes t={t} cin={cin} planes={planes_now}");
+            assert_eq!(kept.corr, fresh.corr, "corrections t={t} cin={cin} planes={planes_now}");
+            assert_eq!(kept.qhl, fresh.qhl, "code bytes t={t} cin={cin} planes={planes_now}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&kept.scale), bits(&fresh.scale), "scales t={t} cin={cin} planes={planes_now}");
         }
     }
 }
