@@ -100,6 +100,7 @@ pub fn run(a: Args) -> Result<()> {
                 "recurrent_state": mem.recurrent,
                 "scratch": mem.scratch,
             },
+            "kv_cache_dtype": forge_model::session::kv_dtype().name(),
             "decode_allocations_per_token": fast.allocs_per_token,
         });
         if let Some(r) = &reference {
@@ -110,6 +111,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("model            {}", path.display());
         println!("threads          {threads}");
         println!("kernels          {}", forge_kernels::lutmm::intdot::isa());
+        println!("KV cache         {}", forge_model::session::kv_dtype().name());
         println!("prompt/gen       {} / {} tokens, median of {}", a.prompt_tokens, a.gen_tokens, a.repeats);
         println!("prefill          {:.1} tok/s", fast.prefill);
         println!("decode           {:.1} tok/s", fast.decode);

@@ -224,5 +224,18 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
     for part in ["attention", "deltanet", "mlp", "head"] {
         assert!(j["decode_split_ms_per_token"][part].as_f64().unwrap() > 0.0, "{part}: {out}");
     }
+    // An f16 KV cache holds the same positions in half the bytes.
+    assert_eq!(j["kv_cache_dtype"], "f32", "{out}");
+    let d = dir.to_str().unwrap();
+    let args = ["--threads", "2", "--kv-cache-dtype", "f16", "bench", "--model", d, "--prompt-tokens", "16"];
+    let (ok, out16, err) =
+        forge(&[&args[..], &["--gen-tokens", "8", "--repeats", "1", "--bandwidth-gib", "0.03", "--json"]].concat());
+    assert!(ok, "forge bench --kv-cache-dtype f16 failed: {err}");
+    let j16: serde_json::Value = serde_json::from_str(&out16).unwrap();
+    assert_eq!(j16["kv_cache_dtype"], "f16", "{out16}");
+    let kv = |j: &serde_json::Value| j["memory_bytes"]["kv_cache"].as_f64().unwrap();
+    assert_eq!(2.0 * kv(&j16), kv(&j), "{out16}");
+    let (ok, _, err) = forge(&["--kv-cache-dtype", "f8", "bench", "--model", d]);
+    assert!(!ok && err.contains("'f8'") && err.contains("f32, f16"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

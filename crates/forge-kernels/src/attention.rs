@@ -9,13 +9,79 @@
 
 use crate::act::softmax;
 use crate::simd::{axpy, dot, dot_ref};
+use half::f16;
+
+/// An element of a key/value cache: f32, or f16 (half the bytes to read per token, converted to
+/// f32 exactly as it is loaded; every product and sum stays f32).
+pub trait KvElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    /// `q · row`.
+    fn dot(q: &[f32], row: &[Self]) -> f32;
+    /// `out += a · row`.
+    fn axpy(a: f32, row: &[Self], out: &mut [f32]);
+    /// Eight elements at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// AVX2 and F16C must be present and eight elements readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+    fn dot(q: &[f32], row: &[f32]) -> f32 {
+        dot(q, row)
+    }
+    fn axpy(a: f32, row: &[f32], out: &mut [f32]) {
+        axpy(a, row, out)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: eight f32 are readable at `p` (the caller's contract).
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+    fn dot(q: &[f32], row: &[f16]) -> f32 {
+        use half::slice::HalfFloatSliceExt;
+        crate::simd::dot_f16(q, row.reinterpret_cast())
+    }
+    fn axpy(a: f32, row: &[f16], out: &mut [f32]) {
+        out.iter_mut().zip(row).for_each(|(o, &v)| *o += a * v.to_f32());
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: eight f16 (16 bytes) are readable at `p`, and F16C is present (the caller's
+        // contract).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+}
 
 /// The cached keys and values one key/value head attends over: the first `n` rows of
-/// `stride` floats each, this head's vectors starting at `offset` in every row.
-#[derive(Clone, Copy)]
-pub struct History<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+/// `stride` elements each, this head's vectors starting at `offset` in every row.
+pub struct History<'a, T: KvElem = f32> {
+    pub keys: &'a [T],
+    pub values: &'a [T],
     pub n: usize,
     pub stride: usize,
     pub offset: usize,
@@ -25,6 +91,13 @@ pub struct History<'a> {
 const MIN_PART: usize = 32;
 /// Most parts a history is cut into.
 const MAX_PARTS: usize = 16;
+
+impl<T: KvElem> Clone for History<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: KvElem> Copy for History<'_, T> {}
 
 /// Rows per part when attention over a history of `n` rows is cut into parts that workers take
 /// separately ([`attend_part`], then [`merge_parts`]): a multiple of eight (the keys are scored
@@ -46,7 +119,7 @@ pub fn n_parts(n: usize) -> usize {
 /// merged, as the model's parallel paths do, so this gives their bits.
 ///
 /// `scores` is scratch of at least `g · n` floats.
-pub fn attend_group(q: &[f32], d: usize, kv: History, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+pub fn attend_group<T: KvElem>(q: &[f32], d: usize, kv: History<T>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
     assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
     let g = q.len() / d;
     assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
@@ -60,9 +133,9 @@ pub fn attend_group(q: &[f32], d: usize, kv: History, scale: f32, scores: &mut [
     merge_parts(g, &slots, out);
 }
 
-impl<'a> History<'a> {
+impl<'a, T: KvElem> History<'a, T> {
     /// Part `p` of [`n_parts`]`(self.n)`: its rows as a history of their own.
-    pub fn part(&self, p: usize) -> History<'a> {
+    pub fn part(&self, p: usize) -> History<'a, T> {
         let len = part_len(self.n);
         let j0 = (p * len).min(self.n);
         let skip = j0 * self.stride;
@@ -80,10 +153,10 @@ impl<'a> History<'a> {
 /// `m_h` the largest score. An empty part gives zeros and `(−∞, 0)`.
 ///
 /// `scores` is scratch of at least `g · kv.n` floats, `stats` holds `2g`.
-pub fn attend_part(
+pub fn attend_part<T: KvElem>(
     q: &[f32],
     d: usize,
-    kv: History,
+    kv: History<T>,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
@@ -102,8 +175,8 @@ pub fn attend_part(
     }
     let scores = &mut scores[..g * n];
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() && d.is_multiple_of(8) && dv.is_multiple_of(8) {
-        // SAFETY: AVX2/FMA are present; the asserts above bound every row read (n rows of
+    if crate::simd::has_f16c() && d.is_multiple_of(8) && dv.is_multiple_of(8) {
+        // SAFETY: AVX2/FMA/F16C are present; the asserts above bound every row read (n rows of
         // `stride`, `d` / `dv` values at `offset`), `scores` holds g·n values and `out` g·dv.
         unsafe {
             scores_avx2(q, d, keys, n, stride, offset, scale, scores);
@@ -117,13 +190,13 @@ pub fn attend_part(
     for h in 0..g {
         let (qh, sh) = (&q[h * d..(h + 1) * d], &mut scores[h * n..(h + 1) * n]);
         for (j, s) in sh.iter_mut().enumerate() {
-            *s = dot(qh, &keys[j * stride + offset..j * stride + offset + d]) * scale;
+            *s = T::dot(qh, &keys[j * stride + offset..j * stride + offset + d]) * scale;
         }
         (stats[2 * h], stats[2 * h + 1]) = exp_shifted(sh);
         let oh = &mut out[h * dv..(h + 1) * dv];
         oh.iter_mut().for_each(|o| *o = 0.0);
         for (j, &p) in sh.iter().enumerate() {
-            axpy(p, &values[j * stride + offset..j * stride + offset + dv], oh);
+            T::axpy(p, &values[j * stride + offset..j * stride + offset + dv], oh);
         }
     }
 }
@@ -178,26 +251,27 @@ pub fn merge_parts(g: usize, slots: &[f32], out: &mut [f32]) {
 }
 
 /// The definition for one query head, in plain sequential f32 (the oracle for the SIMD path).
-pub fn attend_ref(q: &[f32], kv: History, scale: f32, out: &mut [f32]) {
+pub fn attend_ref<T: KvElem>(q: &[f32], kv: History<T>, scale: f32, out: &mut [f32]) {
     let History { keys, values, n, stride, offset } = kv;
     let d = q.len();
-    let mut s: Vec<f32> =
-        (0..n).map(|j| dot_ref(q, &keys[j * stride + offset..j * stride + offset + d]) * scale).collect();
+    let row =
+        |j: usize| keys[j * stride + offset..j * stride + offset + d].iter().map(|v| v.to_f32()).collect::<Vec<_>>();
+    let mut s: Vec<f32> = (0..n).map(|j| dot_ref(q, &row(j)) * scale).collect();
     softmax(&mut s);
     for (c, o) in out.iter_mut().enumerate() {
-        *o = (0..n).map(|j| s[j] * values[j * stride + offset + c]).sum();
+        *o = (0..n).map(|j| s[j] * values[j * stride + offset + c].to_f32()).sum();
     }
 }
 
 /// Scores of every head of the group, eight keys at a time (the eight key rows stay in L1
 /// while each head uses them).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn scores_avx2(
+unsafe fn scores_avx2<T: KvElem>(
     q: &[f32],
     d: usize,
-    keys: &[f32],
+    keys: &[T],
     n: usize,
     stride: usize,
     offset: usize,
@@ -215,7 +289,7 @@ unsafe fn scores_avx2(
             for c in (0..d).step_by(8) {
                 let qv = _mm256_loadu_ps(qp.add(c));
                 for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add((j + r) * stride + c)), *a);
+                    *a = _mm256_fmadd_ps(qv, T::load8(kp.add((j + r) * stride + c)), *a);
                 }
             }
             // Horizontal sums of the eight accumulators: lane r of the result is key j + r.
@@ -226,10 +300,17 @@ unsafe fn scores_avx2(
         }
         j += 8;
     }
+    // The last keys one at a time, in the same f32 arithmetic for either element type.
     for jj in j..n {
-        let k = std::slice::from_raw_parts(kp.add(jj * stride), d);
         for h in 0..g {
-            s[h * n + jj] = dot(&q[h * d..(h + 1) * d], k) * scale;
+            let mut acc = _mm256_setzero_ps();
+            for c in (0..d).step_by(8) {
+                acc =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(h * d + c)), T::load8(kp.add(jj * stride + c)), acc);
+            }
+            let v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            s[h * n + jj] = _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v))) * scale;
         }
     }
 }
@@ -238,8 +319,8 @@ unsafe fn scores_avx2(
 /// sweep; with several heads the keys go in blocks of 32 whose value rows stay in L1 while each
 /// head adds its share.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn values_avx2(p: &[f32], n: usize, values: &[f32], stride: usize, offset: usize, out: &mut [f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn values_avx2<T: KvElem>(p: &[f32], n: usize, values: &[T], stride: usize, offset: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;
     let g = p.len() / n.max(1);
     let dv = out.len() / g.max(1);
@@ -261,7 +342,7 @@ unsafe fn values_avx2(p: &[f32], n: usize, values: &[f32], stride: usize, offset
                     let pv = _mm256_set1_ps(p[h * n + j]);
                     let row = vp.add(j * stride + c0);
                     for (k, a) in acc.iter_mut().enumerate().take(w) {
-                        *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * k)), *a);
+                        *a = _mm256_fmadd_ps(pv, T::load8(row.add(8 * k)), *a);
                     }
                 }
                 for (k, a) in acc.iter().enumerate().take(w) {
@@ -377,6 +458,41 @@ mod tests {
             attend_ref(&q[h * d..(h + 1) * d], hist(&keys, &values, n, d, 0), 0.125, &mut want);
             for (a, b) in got[h * d..(h + 1) * d].iter().zip(&want) {
                 assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "head {h}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_f16_history_gives_the_attention_of_its_values_in_f32() {
+        // Converting f16 to f32 is exact, so an f16 cache attends exactly as an f32 cache
+        // holding the same (rounded) values: the same bits where the AVX2 path runs it.
+        for (d, g, n) in [(64usize, 3usize, 1usize), (64, 3, 77), (128, 2, 300), (256, 1, 9)] {
+            let k16: Vec<f16> = data(n * d, 21).iter().map(|&v| f16::from_f32(v)).collect();
+            let v16: Vec<f16> = data(n * d, 22).iter().map(|&v| f16::from_f32(v)).collect();
+            let (k32, v32): (Vec<f32>, Vec<f32>) =
+                (k16.iter().map(|v| v.to_f32()).collect(), v16.iter().map(|v| v.to_f32()).collect());
+            let q = data(g * d, 23);
+            let mut s = vec![0f32; g * n];
+            let (mut a, mut b) = (vec![0f32; g * d], vec![0f32; g * d]);
+            attend_group(&q, d, History { keys: &k16, values: &v16, n, stride: d, offset: 0 }, 0.1, &mut s, &mut a);
+            attend_group(&q, d, hist(&k32, &v32, n, d, 0), 0.1, &mut s, &mut b);
+            if crate::simd::has_f16c() {
+                assert_eq!(a, b, "d={d} g={g} n={n}");
+            }
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "d={d} g={g} n={n}: {x} vs {y}");
+            }
+            for h in 0..g {
+                let mut want = vec![0f32; d];
+                attend_ref(
+                    &q[h * d..(h + 1) * d],
+                    History { keys: &k16, values: &v16, n, stride: d, offset: 0 },
+                    0.1,
+                    &mut want,
+                );
+                for (x, y) in a[h * d..(h + 1) * d].iter().zip(&want) {
+                    assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "d={d} g={g} n={n} head {h}: {x} vs {y}");
+                }
             }
         }
     }

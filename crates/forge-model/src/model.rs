@@ -39,13 +39,13 @@ fn by_rows2(a: &mut [f32], b: &mut [f32], width: usize, f: PairTask<f32, f32>) {
         None => f(0, a, b),
     }
 }
-use crate::session::{DeltaState, KvCache, LayerState, Session};
+use crate::session::{DeltaState, KvCache, KvRows, LayerState, Session};
 use anyhow::{bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
 use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
 use forge_core::tensor::HostTensor;
 use forge_kernels::act::{sigmoid, silu, softplus, swiglu};
-use forge_kernels::attention::{attend_part, merge_parts, n_parts, part_len, History};
+use forge_kernels::attention::{attend_part, merge_parts, n_parts, part_len, History, KvElem};
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
@@ -237,6 +237,11 @@ impl Model {
 
     pub fn new_session(&self) -> Session {
         Session::new(&self.cfg)
+    }
+
+    /// A session with KV caches of type `dtype`, whatever the process-wide setting.
+    pub fn new_session_with_kv(&self, dtype: crate::session::KvDtype) -> Session {
+        Session::with_kv_dtype(&self.cfg, dtype)
     }
 
     /// Run `tokens` through the model, advancing `s`. Returns logits per `want`
@@ -435,11 +440,16 @@ impl Model {
             let (i, g, p) = (item / (kvh * parts), item / parts % kvh, item % parts);
             let n = pos0 + i + 1;
             let qg = &q[(i * nh + g * group) * hd..(i * nh + (g + 1) * group) * hd];
-            let kv = History { keys: cache.keys(g), values: cache.values(g), n, stride: hd, offset: 0 };
             let (o, st) = sl.split_at_mut(gsize);
-            // Parts past this token's own count (prefill's earlier tokens) stay empty.
-            let kv = if p < n_parts(n) { kv.part(p) } else { History { n: 0, ..kv } };
-            attend_part(qg, hd, kv, scale, scores, o, st);
+            match (cache.keys(g), cache.values(g)) {
+                (KvRows::F32(keys), KvRows::F32(values)) => {
+                    attend_item(qg, hd, History { keys, values, n, stride: hd, offset: 0 }, p, scale, scores, o, st)
+                }
+                (KvRows::F16(keys), KvRows::F16(values)) => {
+                    attend_item(qg, hd, History { keys, values, n, stride: hd, offset: 0 }, p, scale, scores, o, st)
+                }
+                _ => unreachable!("keys and values of one cache share a type"),
+            }
         };
         let mut slots = Buf::zeros(items * slot);
         let ssize = group * part_len(pos0 + t);
@@ -583,4 +593,20 @@ impl Model {
     pub fn is_hybrid(&self) -> bool {
         self.cfg.arch == Arch::Qwen35
     }
+}
+/// Part `p` of the attention of one token's query group over its `kv.n` history rows (a part
+/// past this token's own count, as prefill's earlier tokens leave, stays empty).
+#[allow(clippy::too_many_arguments)]
+fn attend_item<T: KvElem>(
+    qg: &[f32],
+    hd: usize,
+    kv: History<T>,
+    p: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+    stats: &mut [f32],
+) {
+    let kv = if p < n_parts(kv.n) { kv.part(p) } else { History { n: 0, ..kv } };
+    attend_part(qg, hd, kv, scale, scores, out, stats);
 }

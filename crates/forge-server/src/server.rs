@@ -209,7 +209,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         "model_type": app.model_type,
         "hybrid": app.front.hybrid,
         "ctx": app.ctx(),
-        "kv_cache_dtype": "f32",
+        "kv_cache_dtype": forge_model::session::kv_dtype().name(),
         "threads": rayon::current_num_threads(),
         "queue": st.queued.load(Ordering::SeqCst),
         "busy": st.busy.load(Ordering::SeqCst),
