@@ -94,16 +94,6 @@ impl Buf {
         Buf { v }
     }
 
-    /// A copy of `x`.
-    pub fn copy_of(x: &[f32]) -> Buf {
-        let mut v = take(x.len());
-        let before = v.capacity();
-        v.clear();
-        v.extend_from_slice(x);
-        note_held(4 * before, 4 * v.capacity());
-        Buf { v }
-    }
-
     /// The values as a plain vector, leaving the pool.
     pub fn into_vec(mut self) -> Vec<f32> {
         note_held(4 * self.v.capacity(), 0);
@@ -226,8 +216,8 @@ mod tests {
         drop(f);
         let g = Buf::for_overwrite(8);
         assert_eq!((g.as_ptr(), &g[..]), (e, &[4.0, 4.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0][..]));
-        let d = Buf::copy_of(&[1.0, 2.0, 3.0]);
-        assert_eq!(&d[..], &[1.0, 2.0, 3.0]);
+        let mut d = Buf::for_overwrite(3);
+        d.copy_from_slice(&[1.0, 2.0, 3.0]);
         assert_eq!(d.into_vec(), vec![1.0, 2.0, 3.0]);
     }
 
