@@ -31,6 +31,23 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
+/// The largest error of the oracle's top-10 log-probs over its checked positions of `logits`
+/// (`T × v`), asserting the same argmax at each.
+fn top10_logprob_error(o: &Value, logits: &[f32], v: usize) -> f32 {
+    let mut lp = vec![0f32; v];
+    let mut max_lp_err = 0f32;
+    for p in o["positions"].as_array().unwrap() {
+        let pos = p["pos"].as_u64().unwrap() as usize;
+        log_softmax(&logits[pos * v..(pos + 1) * v], &mut lp);
+        let top = ids(&p["top_ids"]);
+        assert_eq!(forge_model::sampling::argmax(&lp), top[0], "argmax at {pos}");
+        for (id, w) in top.iter().zip(p["top_logprobs"].as_array().unwrap()) {
+            max_lp_err = max_lp_err.max((lp[*id as usize] - w.as_f64().unwrap() as f32).abs());
+        }
+    }
+    max_lp_err
+}
+
 #[test]
 fn tokenizer_matches_transformers() {
     let o = oracle();
@@ -66,18 +83,7 @@ fn logits_match_transformers_gguf_loader() {
         max_err = max_err.max(got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max));
     }
     // Top-10 log-probs at every position.
-    let mut lp = vec![0f32; v];
-    let mut max_lp_err = 0f32;
-    for p in o["positions"].as_array().unwrap() {
-        let pos = p["pos"].as_u64().unwrap() as usize;
-        log_softmax(&logits[pos * v..(pos + 1) * v], &mut lp);
-        let top = ids(&p["top_ids"]);
-        let want = p["top_logprobs"].as_array().unwrap();
-        assert_eq!(forge_model::sampling::argmax(&lp), top[0], "argmax at {pos}");
-        for (id, w) in top.iter().zip(want) {
-            max_lp_err = max_lp_err.max((lp[*id as usize] - w.as_f64().unwrap() as f32).abs());
-        }
-    }
+    let max_lp_err = top10_logprob_error(o, &logits, v);
     eprintln!("SmolLM2 vs transformers: max abs logit error {max_err:.2e}, top-10 log-prob error {max_lp_err:.2e}");
     assert!(max_err < 1e-3, "logit error {max_err}");
     assert!(max_lp_err < 1e-3, "log-prob error {max_lp_err}");
@@ -130,17 +136,7 @@ fn f16_kv_cache_keeps_transformers_answers() {
     let v = m.model.cfg.vocab_size;
     let mut s = m.model.new_session_with_kv(KvDtype::F16);
     let logits = m.model.forward(&mut s, &toks, Logits::All).unwrap();
-    let mut lp = vec![0f32; v];
-    let mut max_lp_err = 0f32;
-    for p in o["positions"].as_array().unwrap() {
-        let pos = p["pos"].as_u64().unwrap() as usize;
-        log_softmax(&logits[pos * v..(pos + 1) * v], &mut lp);
-        let top = ids(&p["top_ids"]);
-        assert_eq!(forge_model::sampling::argmax(&lp), top[0], "argmax at {pos}");
-        for (id, w) in top.iter().zip(p["top_logprobs"].as_array().unwrap()) {
-            max_lp_err = max_lp_err.max((lp[*id as usize] - w.as_f64().unwrap() as f32).abs());
-        }
-    }
+    let max_lp_err = top10_logprob_error(o, &logits, v);
     eprintln!("SmolLM2 with an f16 KV cache vs transformers: top-10 log-prob error {max_lp_err:.2e}");
     assert!(max_lp_err < 3e-2, "log-prob error {max_lp_err}");
     let prompt = ids(&o["chat"]["prompt_ids"]);
