@@ -41,8 +41,10 @@ struct Cli {
     avx512_256: bool,
     /// How KV caches store keys and values: f32 (default) or f16, which halves the bytes
     /// attention reads per token (decode 1.06× at 512 tokens of context on SmolLM2) and rounds
-    /// each key and value once (SmolLM2's log-probs move by up to ~2e-2; llama.cpp's default).
-    #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16"])]
+    /// each key and value once (SmolLM2's log-probs move by up to ~2e-2; llama.cpp's default),
+    /// or v8 (the seeds' V8 cache: f16 keys, 8-bit values with a scale per position and head;
+    /// 3/8 of f32's bytes).
+    #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16", "v8"])]
     kv_cache_dtype: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,

@@ -77,11 +77,42 @@ impl KvElem for f16 {
     }
 }
 
+impl KvElem for i8 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    /// The nearest code in ±127 (the caller divides by the row's scale first).
+    #[inline(always)]
+    fn from_f32(v: f32) -> i8 {
+        v.round().clamp(-127.0, 127.0) as i8
+    }
+    fn dot(q: &[f32], row: &[i8]) -> f32 {
+        q.iter().zip(row).map(|(&a, &b)| a * b as f32).sum()
+    }
+    fn axpy(a: f32, row: &[i8], out: &mut [f32]) {
+        out.iter_mut().zip(row).for_each(|(o, &v)| *o += a * v as f32);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const i8) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: eight bytes are readable at `p` and AVX2 is present (the caller's contract).
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+    }
+}
+
 /// The cached keys and values one key/value head attends over: the first `n` rows of
 /// `stride` elements each, this head's vectors starting at `offset` in every row.
-pub struct History<'a, T: KvElem = f32> {
-    pub keys: &'a [T],
-    pub values: &'a [T],
+///
+/// Values may be integer codes with one scale per row (`value_scales[j]`, the seeds' V8
+/// cache: row `j`'s values are `value_scales[j] · values[j]`); float values leave
+/// `value_scales` empty. The scale goes onto the row's attention weight (`p_j · s_j`) after
+/// the softmax statistics are taken, so the value sweep is the float one.
+pub struct History<'a, K: KvElem = f32, V: KvElem = K> {
+    pub keys: &'a [K],
+    pub values: &'a [V],
+    pub value_scales: &'a [f32],
     pub n: usize,
     pub stride: usize,
     pub offset: usize,
@@ -92,12 +123,12 @@ const MIN_PART: usize = 32;
 /// Most parts a history is cut into.
 const MAX_PARTS: usize = 16;
 
-impl<T: KvElem> Clone for History<'_, T> {
+impl<K: KvElem, V: KvElem> Clone for History<'_, K, V> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<T: KvElem> Copy for History<'_, T> {}
+impl<K: KvElem, V: KvElem> Copy for History<'_, K, V> {}
 
 /// Rows per part when attention over a history of `n` rows is cut into parts that workers take
 /// separately ([`attend_part`], then [`merge_parts`]): a multiple of eight (the keys are scored
@@ -119,7 +150,14 @@ pub fn n_parts(n: usize) -> usize {
 /// merged, as the model's parallel paths do, so this gives their bits.
 ///
 /// `scores` is scratch of at least `g · n` floats.
-pub fn attend_group<T: KvElem>(q: &[f32], d: usize, kv: History<T>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+pub fn attend_group<K: KvElem, V: KvElem>(
+    q: &[f32],
+    d: usize,
+    kv: History<K, V>,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
     let g = q.len() / d;
     assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
@@ -133,15 +171,16 @@ pub fn attend_group<T: KvElem>(q: &[f32], d: usize, kv: History<T>, scale: f32, 
     merge_parts(g, &slots, out);
 }
 
-impl<'a, T: KvElem> History<'a, T> {
+impl<'a, K: KvElem, V: KvElem> History<'a, K, V> {
     /// Part `p` of [`n_parts`]`(self.n)`: its rows as a history of their own.
-    pub fn part(&self, p: usize) -> History<'a, T> {
+    pub fn part(&self, p: usize) -> History<'a, K, V> {
         let len = part_len(self.n);
         let j0 = (p * len).min(self.n);
         let skip = j0 * self.stride;
         History {
             keys: &self.keys[skip.min(self.keys.len())..],
             values: &self.values[skip.min(self.values.len())..],
+            value_scales: &self.value_scales[j0.min(self.value_scales.len())..],
             n: len.min(self.n - j0),
             ..*self
         }
@@ -153,16 +192,16 @@ impl<'a, T: KvElem> History<'a, T> {
 /// `m_h` the largest score. An empty part gives zeros and `(−∞, 0)`.
 ///
 /// `scores` is scratch of at least `g · kv.n` floats, `stats` holds `2g`.
-pub fn attend_part<T: KvElem>(
+pub fn attend_part<K: KvElem, V: KvElem>(
     q: &[f32],
     d: usize,
-    kv: History<T>,
+    kv: History<K, V>,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
     stats: &mut [f32],
 ) {
-    let History { keys, values, n, stride, offset } = kv;
+    let History { keys, values, value_scales, n, stride, offset } = kv;
     assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
     let g = q.len() / d;
     assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
@@ -173,6 +212,15 @@ pub fn attend_part<T: KvElem>(
         let last = (n - 1) * stride + offset;
         assert!(keys.len() >= last + d && values.len() >= last + dv, "history shorter than {n} rows");
     }
+    assert!(value_scales.is_empty() || value_scales.len() >= n, "{} value scales for {n} rows", value_scales.len());
+    // Row scales onto the weights, after the statistics (which are of the weights alone).
+    let scale_rows = |scores: &mut [f32]| {
+        if !value_scales.is_empty() {
+            for sh in scores.chunks_mut(n.max(1)) {
+                sh.iter_mut().zip(value_scales).for_each(|(p, &s)| *p *= s);
+            }
+        }
+    };
     let scores = &mut scores[..g * n];
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_f16c() && d.is_multiple_of(8) && dv.is_multiple_of(8) {
@@ -183,6 +231,7 @@ pub fn attend_part<T: KvElem>(
             for h in 0..g {
                 (stats[2 * h], stats[2 * h + 1]) = exp_shifted(&mut scores[h * n..(h + 1) * n]);
             }
+            scale_rows(scores);
             values_avx2(scores, n, values, stride, offset, out);
         }
         return;
@@ -190,13 +239,14 @@ pub fn attend_part<T: KvElem>(
     for h in 0..g {
         let (qh, sh) = (&q[h * d..(h + 1) * d], &mut scores[h * n..(h + 1) * n]);
         for (j, s) in sh.iter_mut().enumerate() {
-            *s = T::dot(qh, &keys[j * stride + offset..j * stride + offset + d]) * scale;
+            *s = K::dot(qh, &keys[j * stride + offset..j * stride + offset + d]) * scale;
         }
         (stats[2 * h], stats[2 * h + 1]) = exp_shifted(sh);
+        scale_rows(sh);
         let oh = &mut out[h * dv..(h + 1) * dv];
         oh.iter_mut().for_each(|o| *o = 0.0);
         for (j, &p) in sh.iter().enumerate() {
-            T::axpy(p, &values[j * stride + offset..j * stride + offset + dv], oh);
+            V::axpy(p, &values[j * stride + offset..j * stride + offset + dv], oh);
         }
     }
 }
@@ -251,15 +301,16 @@ pub fn merge_parts(g: usize, slots: &[f32], out: &mut [f32]) {
 }
 
 /// The definition for one query head, in plain sequential f32 (the oracle for the SIMD path).
-pub fn attend_ref<T: KvElem>(q: &[f32], kv: History<T>, scale: f32, out: &mut [f32]) {
-    let History { keys, values, n, stride, offset } = kv;
+pub fn attend_ref<K: KvElem, V: KvElem>(q: &[f32], kv: History<K, V>, scale: f32, out: &mut [f32]) {
+    let History { keys, values, value_scales, n, stride, offset } = kv;
+    let vscale = |j: usize| if value_scales.is_empty() { 1.0 } else { value_scales[j] };
     let d = q.len();
     let row =
         |j: usize| keys[j * stride + offset..j * stride + offset + d].iter().map(|v| v.to_f32()).collect::<Vec<_>>();
     let mut s: Vec<f32> = (0..n).map(|j| dot_ref(q, &row(j)) * scale).collect();
     softmax(&mut s);
     for (c, o) in out.iter_mut().enumerate() {
-        *o = (0..n).map(|j| s[j] * values[j * stride + offset + c].to_f32()).sum();
+        *o = (0..n).map(|j| s[j] * (vscale(j) * values[j * stride + offset + c].to_f32())).sum();
     }
 }
 
@@ -359,7 +410,7 @@ mod tests {
     use crate::testutil::data;
 
     fn hist<'a>(keys: &'a [f32], values: &'a [f32], n: usize, stride: usize, offset: usize) -> History<'a> {
-        History { keys, values, n, stride, offset }
+        History { keys, values, value_scales: &[], n, stride, offset }
     }
 
     #[test]
@@ -474,7 +525,14 @@ mod tests {
             let q = data(g * d, 23);
             let mut s = vec![0f32; g * n];
             let (mut a, mut b) = (vec![0f32; g * d], vec![0f32; g * d]);
-            attend_group(&q, d, History { keys: &k16, values: &v16, n, stride: d, offset: 0 }, 0.1, &mut s, &mut a);
+            attend_group(
+                &q,
+                d,
+                History { keys: &k16, values: &v16, value_scales: &[], n, stride: d, offset: 0 },
+                0.1,
+                &mut s,
+                &mut a,
+            );
             attend_group(&q, d, hist(&k32, &v32, n, d, 0), 0.1, &mut s, &mut b);
             if crate::simd::has_f16c() {
                 assert_eq!(a, b, "d={d} g={g} n={n}");
@@ -486,7 +544,7 @@ mod tests {
                 let mut want = vec![0f32; d];
                 attend_ref(
                     &q[h * d..(h + 1) * d],
-                    History { keys: &k16, values: &v16, n, stride: d, offset: 0 },
+                    History { keys: &k16, values: &v16, value_scales: &[], n, stride: d, offset: 0 },
                     0.1,
                     &mut want,
                 );
@@ -495,6 +553,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn int8_values_with_row_scales_attend_as_their_dequantized_values() {
+        // f16 keys, int8 value codes with one scale per row (the V8 cache): the attention of
+        // the f32 history holding `scale_j · code_j`, on the SIMD and the scalar path, over
+        // one part and several (the scales must follow each part's rows).
+        for (d, g, n) in [(64usize, 3usize, 1usize), (64, 3, 77), (128, 2, 300), (256, 1, 9), (8, 1, 700)] {
+            let k16: Vec<f16> = data(n * d, 31).iter().map(|&v| f16::from_f32(v)).collect();
+            let raw = data(n * d, 32);
+            let scales: Vec<f32> = (0..n).map(|j| 0.002 + 0.01 * (j % 7) as f32).collect();
+            let codes: Vec<i8> = raw.iter().enumerate().map(|(i, &v)| i8::from_f32(v / scales[i / d] * 40.0)).collect();
+            let deq: Vec<f32> = codes.iter().enumerate().map(|(i, &c)| scales[i / d] * c as f32).collect();
+            let k32: Vec<f32> = k16.iter().map(|v| v.to_f32()).collect();
+            let q = data(g * d, 33);
+            let mut s = vec![0f32; g * n];
+            let (mut a, mut b) = (vec![0f32; g * d], vec![0f32; g * d]);
+            let v8 = History { keys: &k16[..], values: &codes[..], value_scales: &scales, n, stride: d, offset: 0 };
+            attend_group(&q, d, v8, 0.1, &mut s, &mut a);
+            attend_group(&q, d, hist(&k32, &deq, n, d, 0), 0.1, &mut s, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "d={d} g={g} n={n}: {x} vs {y}");
+            }
+            for h in 0..g {
+                let mut want = vec![0f32; d];
+                attend_ref(&q[h * d..(h + 1) * d], v8, 0.1, &mut want);
+                for (x, y) in a[h * d..(h + 1) * d].iter().zip(&want) {
+                    assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "d={d} g={g} n={n} head {h}: {x} vs {y}");
+                }
+            }
+        }
+        // A wrong scale (one row's scale dropped) is seen.
+        let (d, n) = (64, 40);
+        let k: Vec<f32> = data(n * d, 34);
+        let codes: Vec<i8> = data(n * d, 35).iter().map(|&v| i8::from_f32(v * 100.0)).collect();
+        let mut scales = vec![0.01f32; n];
+        let q: Vec<f32> = vec![0.0; d];
+        let (mut s, mut a, mut b) = (vec![0f32; n], vec![0f32; d], vec![0f32; d]);
+        attend_group(
+            &q,
+            d,
+            History { keys: &k[..], values: &codes[..], value_scales: &scales, n, stride: d, offset: 0 },
+            1.0,
+            &mut s,
+            &mut a,
+        );
+        scales[n / 2] = 0.0;
+        attend_group(
+            &q,
+            d,
+            History { keys: &k[..], values: &codes[..], value_scales: &scales, n, stride: d, offset: 0 },
+            1.0,
+            &mut s,
+            &mut b,
+        );
+        assert!(a.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-4));
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! the paired ratios (variant 1 ÷ variant 0). With no change reading the switch it measures
 //! the machine's noise (an A/A test).
 //!
-//! `cargo run --release -p forge-model --example ab -- EXPORT [pairs] [P] [G]`
-//! (threads from `RAYON_NUM_THREADS`).
+//! `cargo run --release -p forge-model --example ab -- EXPORT [pairs] [P] [G] [KV]`
+//! (threads from `RAYON_NUM_THREADS`). With `KV` (`f16` or `v8`), variant 1 also runs with that
+//! KV cache type and variant 0 with f32.
 
 use forge_model::model::Logits;
 use std::time::Instant;
@@ -21,6 +22,13 @@ fn main() -> anyhow::Result<()> {
     let pairs: usize = args.get(2).map_or(Ok(20), |s| s.parse())?;
     let p: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
     let g: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
+    let kv1 = args.get(5).map(|s| forge_model::session::KvDtype::parse(s)).transpose()?;
+    let set = |v: usize| {
+        forge_kernels::experiment::set(v);
+        if let Some(d) = kv1 {
+            forge_model::session::set_kv_dtype(if v == 1 { d } else { forge_model::session::KvDtype::F32 });
+        }
+    };
     let loaded = forge_model::load::load(std::path::Path::new(path))?;
     let model = &loaded.model;
     let prompt = forge_model::generate::synthetic_prompt(model.cfg.vocab_size, p.max(1));
@@ -40,18 +48,18 @@ fn main() -> anyhow::Result<()> {
     };
     rayon::scope(|_| -> anyhow::Result<()> {
         for v in [0, 1] {
-            forge_kernels::experiment::set(v);
+            set(v);
             run()?;
         }
         let mut got: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
         for i in 0..pairs {
             for k in 0..2 {
                 let v = (i + k) % 2;
-                forge_kernels::experiment::set(v);
+                set(v);
                 got[v].push(run()?);
             }
         }
-        forge_kernels::experiment::set(0);
+        set(0);
         for (name, f) in [("prefill", 0usize), ("decode", 1)] {
             let pick = |v: usize| got[v].iter().map(|r| if f == 0 { r.0 } else { r.1 }).collect::<Vec<_>>();
             let (a, b) = (pick(0), pick(1));

@@ -443,10 +443,16 @@ impl Model {
             let (o, st) = sl.split_at_mut(gsize);
             match (cache.keys(g), cache.values(g)) {
                 (KvRows::F32(keys), KvRows::F32(values)) => {
-                    attend_item(qg, hd, History { keys, values, n, stride: hd, offset: 0 }, p, scale, scores, o, st)
+                    let kv = History { keys, values, value_scales: &[], n, stride: hd, offset: 0 };
+                    attend_item(qg, hd, kv, p, scale, scores, o, st)
                 }
                 (KvRows::F16(keys), KvRows::F16(values)) => {
-                    attend_item(qg, hd, History { keys, values, n, stride: hd, offset: 0 }, p, scale, scores, o, st)
+                    let kv = History { keys, values, value_scales: &[], n, stride: hd, offset: 0 };
+                    attend_item(qg, hd, kv, p, scale, scores, o, st)
+                }
+                (KvRows::F16(keys), KvRows::I8(values)) => {
+                    let kv = History { keys, values, value_scales: cache.value_scales(g), n, stride: hd, offset: 0 };
+                    attend_item(qg, hd, kv, p, scale, scores, o, st)
                 }
                 _ => unreachable!("keys and values of one cache share a type"),
             }
@@ -597,10 +603,10 @@ impl Model {
 /// Part `p` of the attention of one token's query group over its `kv.n` history rows (a part
 /// past this token's own count, as prefill's earlier tokens leave, stays empty).
 #[allow(clippy::too_many_arguments)]
-fn attend_item<T: KvElem>(
+fn attend_item<K: KvElem, V: KvElem>(
     qg: &[f32],
     hd: usize,
-    kv: History<T>,
+    kv: History<K, V>,
     p: usize,
     scale: f32,
     scores: &mut [f32],

@@ -8,11 +8,14 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// How a KV cache stores its keys and values. f16 halves the bytes attention reads per token
 /// (and the cache's memory); every product and sum stays f32, the stored values are rounded to
-/// f16 once (as llama.cpp's default cache, and the seeds' FP16 history buffers).
+/// f16 once (as llama.cpp's default cache, and the seeds' FP16 history buffers). `v8` is the
+/// seeds' V8 cache: f16 keys, and values as 8-bit codes with one scale per position and head
+/// (`absmax / 127`, kept in f32), 3/8 of the f32 cache's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
     F32,
     F16,
+    V8,
 }
 
 impl KvDtype {
@@ -20,6 +23,7 @@ impl KvDtype {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            KvDtype::V8 => "v8",
         }
     }
 
@@ -27,19 +31,13 @@ impl KvDtype {
         match s {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
-            _ => anyhow::bail!("unknown KV cache type `{s}` (f32 or f16)"),
-        }
-    }
-
-    fn bytes(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            "v8" => Ok(KvDtype::V8),
+            _ => anyhow::bail!("unknown KV cache type `{s}` (f32, f16 or v8)"),
         }
     }
 }
 
-/// 0: f32, 1: f16 (see [`set_kv_dtype`]).
+/// 0: f32, 1: f16, 2: v8 (see [`set_kv_dtype`]).
 static KV_DTYPE: AtomicU8 = AtomicU8::new(0);
 
 /// The cache type of sessions made from now on in this process (f32 unless set: the library's
@@ -49,10 +47,10 @@ pub fn set_kv_dtype(d: KvDtype) {
 }
 
 pub fn kv_dtype() -> KvDtype {
-    if KV_DTYPE.load(Ordering::Relaxed) == 1 {
-        KvDtype::F16
-    } else {
-        KvDtype::F32
+    match KV_DTYPE.load(Ordering::Relaxed) {
+        1 => KvDtype::F16,
+        2 => KvDtype::V8,
+        _ => KvDtype::F32,
     }
 }
 
@@ -61,43 +59,103 @@ pub fn kv_dtype() -> KvDtype {
 pub enum KvRows<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    /// Codes; the row scales come from [`KvCache::value_scales`].
+    I8(&'a [i8]),
 }
 
-/// Per key/value head, one contiguous run of `head_dim` elements per position.
+/// A cache element type; integer codes carry one scale per stored row of a head.
+trait Stored: KvElem {
+    const SCALED: bool;
+}
+impl Stored for f32 {
+    const SCALED: bool = false;
+}
+impl Stored for f16 {
+    const SCALED: bool = false;
+}
+impl Stored for i8 {
+    const SCALED: bool = true;
+}
+
+fn touch_spare<T: KvElem>(c: &mut Vec<T>, n: usize) {
+    c.reserve(n);
+    c.spare_capacity_mut().iter_mut().for_each(|v| {
+        v.write(T::from_f32(0.0));
+    });
+}
+
+/// Per key/value head, one contiguous run of `head_dim` elements per position (and, for
+/// integer values, one scale per position in `s`).
 #[derive(Clone, Debug)]
-struct Store<T> {
-    k: Vec<Vec<T>>,
-    v: Vec<Vec<T>>,
+struct Store<K, V> {
+    k: Vec<Vec<K>>,
+    v: Vec<Vec<V>>,
+    s: Vec<Vec<f32>>,
 }
 
-impl<T: KvElem> Store<T> {
+impl<K: Stored, V: Stored> Store<K, V> {
+    fn new(heads: usize) -> Self {
+        Store { k: vec![Vec::new(); heads], v: vec![Vec::new(); heads], s: vec![Vec::new(); heads] }
+    }
+
     fn push(&mut self, k: &[f32], v: &[f32], h: usize, d: usize) {
         for (rk, rv) in k.chunks_exact(h * d).zip(v.chunks_exact(h * d)) {
             for (head, (ck, cv)) in self.k.iter_mut().zip(&mut self.v).enumerate() {
-                ck.extend(rk[head * d..(head + 1) * d].iter().map(|&x| T::from_f32(x)));
-                cv.extend(rv[head * d..(head + 1) * d].iter().map(|&x| T::from_f32(x)));
+                let (xk, xv) = (&rk[head * d..(head + 1) * d], &rv[head * d..(head + 1) * d]);
+                ck.extend(xk.iter().map(|&x| K::from_f32(x)));
+                if V::SCALED {
+                    // Symmetric, absmax / 127 (an all-zero or non-finite row gets scale 0 and
+                    // zero codes rather than NaNs spread over every later output).
+                    let amax = xv.iter().fold(0f32, |m, &x| m.max(x.abs()));
+                    let sc = if amax.is_finite() && amax > 0.0 { amax / 127.0 } else { 0.0 };
+                    let inv = if sc > 0.0 { 1.0 / sc } else { 0.0 };
+                    cv.extend(xv.iter().map(|&x| V::from_f32(x * inv)));
+                    self.s[head].push(sc);
+                } else {
+                    cv.extend(xv.iter().map(|&x| V::from_f32(x)));
+                }
             }
         }
     }
 
-    fn reserve(&mut self, n: usize) {
-        for c in self.k.iter_mut().chain(&mut self.v) {
-            c.reserve(n);
-            c.spare_capacity_mut().iter_mut().for_each(|v| {
-                v.write(T::from_f32(0.0));
-            });
+    fn reserve(&mut self, positions: usize, d: usize) {
+        for c in &mut self.k {
+            touch_spare(c, positions * d);
+        }
+        for c in &mut self.v {
+            touch_spare(c, positions * d);
+        }
+        if V::SCALED {
+            self.s.iter_mut().for_each(|c| touch_spare(c, positions));
         }
     }
 
-    fn rows_f32(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
-        (self.k[h].iter().map(|x| x.to_f32()).collect(), self.v[h].iter().map(|x| x.to_f32()).collect())
+    fn truncate(&mut self, positions: usize, d: usize) {
+        self.k.iter_mut().for_each(|c| c.truncate(positions * d));
+        self.v.iter_mut().for_each(|c| c.truncate(positions * d));
+        self.s.iter_mut().for_each(|c| c.truncate(positions));
+    }
+
+    fn rows_f32(&self, h: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+        let scale = |j: usize| if V::SCALED { self.s[h][j / d.max(1)] } else { 1.0 };
+        (
+            self.k[h].iter().map(|x| x.to_f32()).collect(),
+            self.v[h].iter().enumerate().map(|(j, x)| scale(j) * x.to_f32()).collect(),
+        )
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        let k: usize = self.k.iter().map(|c| c.capacity() * std::mem::size_of::<K>()).sum();
+        let v: usize = self.v.iter().map(|c| c.capacity() * std::mem::size_of::<V>()).sum();
+        k + v + self.s.iter().map(|c| c.capacity() * 4).sum::<usize>()
     }
 }
 
 #[derive(Clone, Debug)]
 enum Heads {
-    F32(Store<f32>),
-    F16(Store<f16>),
+    F32(Store<f32, f32>),
+    F16(Store<f16, f16>),
+    V8(Store<f16, i8>),
 }
 
 /// Post-RoPE keys and values of one attention layer: per key/value head, one contiguous run of
@@ -118,6 +176,7 @@ macro_rules! with_store {
         match $self {
             Heads::F32($st) => $body,
             Heads::F16($st) => $body,
+            Heads::V8($st) => $body,
         }
     };
 }
@@ -130,8 +189,9 @@ impl KvCache {
 
     pub fn with_dtype(heads: usize, head_dim: usize, dtype: KvDtype) -> KvCache {
         let heads_of = |n| match dtype {
-            KvDtype::F32 => Heads::F32(Store { k: vec![Vec::new(); n], v: vec![Vec::new(); n] }),
-            KvDtype::F16 => Heads::F16(Store { k: vec![Vec::new(); n], v: vec![Vec::new(); n] }),
+            KvDtype::F32 => Heads::F32(Store::new(n)),
+            KvDtype::F16 => Heads::F16(Store::new(n)),
+            KvDtype::V8 => Heads::V8(Store::new(n)),
         };
         KvCache { heads: heads_of(heads), n_heads: heads, head_dim }
     }
@@ -140,6 +200,7 @@ impl KvCache {
         match self.heads {
             Heads::F32(_) => KvDtype::F32,
             Heads::F16(_) => KvDtype::F16,
+            Heads::V8(_) => KvDtype::V8,
         }
     }
 
@@ -174,6 +235,7 @@ impl KvCache {
         match &self.heads {
             Heads::F32(st) => KvRows::F32(&st.k[h]),
             Heads::F16(st) => KvRows::F16(&st.k[h]),
+            Heads::V8(st) => KvRows::F16(&st.k[h]),
         }
     }
 
@@ -181,35 +243,40 @@ impl KvCache {
         match &self.heads {
             Heads::F32(st) => KvRows::F32(&st.v[h]),
             Heads::F16(st) => KvRows::F16(&st.v[h]),
+            Heads::V8(st) => KvRows::I8(&st.v[h]),
+        }
+    }
+
+    /// One scale per position of head `h`'s values when they are codes ([`KvRows::I8`]), else
+    /// empty.
+    pub fn value_scales(&self, h: usize) -> &[f32] {
+        match &self.heads {
+            Heads::V8(st) => &st.s[h],
+            _ => &[],
         }
     }
 
     /// Keys and values of head `h` as f32 (tests and inspection).
     pub fn rows_f32(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
-        with_store!(&self.heads, st => st.rows_f32(h))
+        with_store!(&self.heads, st => st.rows_f32(h, self.head_dim))
     }
 
     /// Keeps the first `n` positions.
     pub fn truncate(&mut self, n: usize) {
         let d = self.head_dim;
-        with_store!(&mut self.heads, st => {
-            for c in st.k.iter_mut().chain(&mut st.v) {
-                c.truncate(n * d);
-            }
-        })
+        with_store!(&mut self.heads, st => st.truncate(n, d))
     }
 
     /// Room for `more` positions past the current ones, touched now (as llama.cpp maps its
     /// context when it is made) rather than on the first page faults of a prefill or decode.
     pub fn reserve(&mut self, more: usize) {
         let d = self.head_dim;
-        with_store!(&mut self.heads, st => st.reserve(more * d))
+        with_store!(&mut self.heads, st => st.reserve(more, d))
     }
 
     /// Bytes held, reserved room included.
     pub fn capacity_bytes(&self) -> usize {
-        let b = self.dtype().bytes();
-        with_store!(&self.heads, st => st.k.iter().chain(&st.v).map(|c| c.capacity() * b).sum())
+        with_store!(&self.heads, st => st.capacity_bytes())
     }
 }
 
@@ -311,5 +378,46 @@ mod tests {
         assert_eq!(h.rows_f32(0), (vec![1.0, 1.0], vec![65504.0, f16::from_f32(-3.0e-8).to_f32()]));
         assert!(matches!(h.keys(0), KvRows::F16(_)));
         assert!(h.capacity_bytes() >= 2 * 8 * 2);
+    }
+
+    #[test]
+    fn v8_cache_keeps_f16_keys_and_values_within_half_a_step_of_their_row_scale() {
+        let (heads, d) = (2, 64);
+        let mut c = KvCache::with_dtype(heads, d, KvDtype::V8);
+        let row = |p: usize| -> Vec<f32> {
+            (0..heads * d).map(|j| ((p * 131 + j * 17) % 97) as f32 / 9.7 - 5.0 + (j / d) as f32 * 30.0).collect()
+        };
+        let (k, v): (Vec<f32>, Vec<f32>) = ((0..5).flat_map(row).collect(), (0..5).flat_map(|p| row(p + 7)).collect());
+        c.push(&k[..3 * heads * d], &v[..3 * heads * d]);
+        c.push(&k[3 * heads * d..], &v[3 * heads * d..]);
+        // A zero row: scale 0, codes 0, no NaN.
+        c.push(&vec![0.0; heads * d], &vec![0.0; heads * d]);
+        assert_eq!(c.len(), 6);
+        for h in 0..heads {
+            let (gk, gv) = c.rows_f32(h);
+            let sc = c.value_scales(h);
+            assert_eq!(sc.len(), 6);
+            assert_eq!(sc[5], 0.0);
+            for p in 0..5 {
+                let want: Vec<f32> = row(p + 7)[h * d..(h + 1) * d].to_vec();
+                let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+                assert_eq!(sc[p], amax / 127.0, "head {h} position {p}");
+                for (i, (&g, &w)) in gv[p * d..(p + 1) * d].iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= 0.5 * sc[p] * 1.0001, "head {h} position {p} value {i}: {g} vs {w}");
+                }
+                let wk: Vec<f32> = row(p)[h * d..(h + 1) * d].iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+                assert_eq!(&gk[p * d..(p + 1) * d], &wk[..]);
+            }
+            assert!(gv[5 * d..].iter().all(|&x| x == 0.0));
+            assert!(matches!((c.keys(h), c.values(h)), (KvRows::F16(_), KvRows::I8(_))));
+        }
+        // Truncation keeps codes and scales together; reserved room is counted.
+        c.truncate(2);
+        assert_eq!((c.len(), c.value_scales(1).len()), (2, 2));
+        c.reserve(100);
+        assert!(c.capacity_bytes() >= heads * 102 * (2 * d + d + 4));
+        assert!(c.capacity_bytes() < heads * 102 * 4 * d);
+        assert_eq!(KvDtype::parse("v8").unwrap(), KvDtype::V8);
+        assert!(KvDtype::parse("q8").unwrap_err().to_string().contains("f32, f16 or v8"));
     }
 }

@@ -1290,7 +1290,9 @@ impl DotMatrix {
 #[derive(Clone, Copy)]
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 struct DecodeArgs {
-    /// vec2x64 in the six-bit layout.
+    /// vec2x64 in the six-bit layout (read by the AVX-512 kernels only; NEON has no six-bit
+    /// matrices).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     six: bool,
     tables: *const i8,
     row: *const u8,
