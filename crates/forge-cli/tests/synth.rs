@@ -227,23 +227,23 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
     // An f16 KV cache holds the same positions in half the bytes.
     assert_eq!(j["kv_cache_dtype"], "f32", "{out}");
     let d = dir.to_str().unwrap();
-    let args = ["--threads", "2", "--kv-cache-dtype", "f16", "bench", "--model", d, "--prompt-tokens", "16"];
-    let (ok, out16, err) =
-        forge(&[&args[..], &["--gen-tokens", "8", "--repeats", "1", "--bandwidth-gib", "0.03", "--json"]].concat());
-    assert!(ok, "forge bench --kv-cache-dtype f16 failed: {err}");
-    let j16: serde_json::Value = serde_json::from_str(&out16).unwrap();
-    assert_eq!(j16["kv_cache_dtype"], "f16", "{out16}");
+    // `forge bench --json` with a KV cache type; it must report that type.
+    let bench_kv = |dtype: &str| -> serde_json::Value {
+        let args = ["--threads", "2", "--kv-cache-dtype", dtype, "bench", "--model", d, "--prompt-tokens", "16"];
+        let (ok, out, err) =
+            forge(&[&args[..], &["--gen-tokens", "8", "--repeats", "1", "--bandwidth-gib", "0.03", "--json"]].concat());
+        assert!(ok, "forge bench --kv-cache-dtype {dtype} failed: {err}");
+        let jd: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(jd["kv_cache_dtype"], dtype, "{out}");
+        jd
+    };
+    let j16 = bench_kv("f16");
     let kv = |j: &serde_json::Value| j["memory_bytes"]["kv_cache"].as_f64().unwrap();
-    assert_eq!(2.0 * kv(&j16), kv(&j), "{out16}");
+    assert_eq!(2.0 * kv(&j16), kv(&j), "{j16}");
     // v8: f16 keys, byte values and a 4-byte scale per position and head: between 3/8 of f32's
     // bytes and f16's.
-    let args8 = ["--threads", "2", "--kv-cache-dtype", "v8", "bench", "--model", d, "--prompt-tokens", "16"];
-    let (ok, out8, err) =
-        forge(&[&args8[..], &["--gen-tokens", "8", "--repeats", "1", "--bandwidth-gib", "0.03", "--json"]].concat());
-    assert!(ok, "forge bench --kv-cache-dtype v8 failed: {err}");
-    let j8: serde_json::Value = serde_json::from_str(&out8).unwrap();
-    assert_eq!(j8["kv_cache_dtype"], "v8", "{out8}");
-    assert!(kv(&j8) > 0.375 * kv(&j) && kv(&j8) < kv(&j16), "{out8}");
+    let j8 = bench_kv("v8");
+    assert!(kv(&j8) > 0.375 * kv(&j) && kv(&j8) < kv(&j16), "{j8}");
     let (ok, _, err) = forge(&["--kv-cache-dtype", "f8", "bench", "--model", d]);
     assert!(!ok && err.contains("'f8'") && err.contains("f32, f16"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
