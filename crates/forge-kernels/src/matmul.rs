@@ -68,7 +68,7 @@ fn gemv_f16(x: &[f32], t: usize, w: &[u16], n_out: usize, n_in: usize, y: &mut [
         return;
     }
     let block = task_rows(n_out);
-    let mut yt = crate::scratch::Buf::zeros(n_out * t);
+    let mut yt = crate::scratch::Buf::for_overwrite(n_out * t);
     crate::team::par_chunks_mut(&mut yt, block * t, &|b, out| {
         let r0 = b * block;
         for (r, o) in out.chunks_mut(t).enumerate() {
@@ -114,7 +114,7 @@ pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
         Some(_) => task_rows(n_out),
         None => ROW_BLOCK,
     };
-    let mut yt = crate::scratch::Buf::zeros(n_out * t);
+    let mut yt = crate::scratch::Buf::for_overwrite(n_out * t);
     crate::team::par_chunks_mut(&mut yt, block * t, &|b, out| {
         let r0 = b * block;
         let rows = out.len() / t;
@@ -122,7 +122,7 @@ pub fn matmul_rows(x: &[f32], t: usize, w: &dyn RowSource, y: &mut [f32]) {
         let block: &[f32] = match w.borrowed(r0, rows) {
             Some(s) => s,
             None => {
-                buf = crate::scratch::Buf::zeros(rows * n_in);
+                buf = crate::scratch::Buf::for_overwrite(rows * n_in);
                 w.decode(r0, rows, &mut buf);
                 &buf
             }

@@ -44,9 +44,12 @@ pub fn grow(buf: &mut Vec<f32>, n: usize) {
 }
 
 /// An `f32` buffer from the thread's pool, returned to the pool of the thread that drops it.
+/// Its first `n` values are the buffer; the vector's length only grows (what lies past `n` was
+/// written before and stays initialized), so that taking it for overwriting writes nothing.
 #[derive(Debug, Default)]
 pub struct Buf {
     v: Vec<f32>,
+    n: usize,
 }
 
 /// The pooled buffer that fits `n` most tightly, or else the largest one (which the caller grows).
@@ -71,33 +74,39 @@ fn take(n: usize) -> Vec<f32> {
 }
 
 impl Buf {
-    /// `n` zeros.
-    pub fn zeros(n: usize) -> Buf {
+    /// A pooled buffer of `n` values as they were left (zeros where the vector grows).
+    fn of_len(n: usize) -> Buf {
         let mut v = take(n);
         let before = v.capacity();
-        v.clear();
-        v.resize(n, 0.0);
+        if v.len() < n {
+            v.resize(n, 0.0);
+        }
         note_held(4 * before, 4 * v.capacity());
-        Buf { v }
+        Buf { v, n }
+    }
+
+    /// `n` zeros.
+    pub fn zeros(n: usize) -> Buf {
+        let mut b = Buf::of_len(n);
+        b.fill(0.0);
+        b
     }
 
     /// `n` values left as the pooled buffer had them (zeros where it grows): for outputs the
     /// caller writes in full before reading. Zeroing buffers that are then overwritten cost
     /// SmolLM2's decode about 1.5 % of its time, most of it cache misses on lines the weight
-    /// stream had evicted.
+    /// stream had evicted; truncating a pooled vector and growing it again zeroed the same
+    /// values (the vector is therefore never shortened).
     pub fn for_overwrite(n: usize) -> Buf {
-        let mut v = take(n);
-        let before = v.capacity();
-        v.truncate(n);
-        v.resize(n, 0.0);
-        note_held(4 * before, 4 * v.capacity());
-        Buf { v }
+        Buf::of_len(n)
     }
 
     /// The values as a plain vector, leaving the pool.
     pub fn into_vec(mut self) -> Vec<f32> {
         note_held(4 * self.v.capacity(), 0);
-        std::mem::take(&mut self.v)
+        let mut v = std::mem::take(&mut self.v);
+        v.truncate(self.n);
+        v
     }
 }
 
@@ -127,13 +136,13 @@ impl Drop for Buf {
 impl Deref for Buf {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        &self.v
+        &self.v[..self.n]
     }
 }
 
 impl DerefMut for Buf {
     fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.v
+        &mut self.v[..self.n]
     }
 }
 
@@ -205,7 +214,8 @@ mod tests {
         let c = Buf::zeros(10_000);
         assert_ne!(c.as_ptr(), b.as_ptr());
         assert_eq!(c.len(), 10_000);
-        // Left as it was, at the asked length (zeros past what the buffer last held).
+        // Left as it was, at the asked length: a shorter use leaves the rest as it was
+        // written, and only growth past anything the vector held adds zeros.
         let e = {
             let mut e = Buf::for_overwrite(8);
             e.copy_from_slice(&[4.0; 8]);
@@ -215,7 +225,11 @@ mod tests {
         assert_eq!((f.as_ptr(), &f[..]), (e, &[4.0; 3][..]));
         drop(f);
         let g = Buf::for_overwrite(8);
-        assert_eq!((g.as_ptr(), &g[..]), (e, &[4.0, 4.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0][..]));
+        assert_eq!((g.as_ptr(), &g[..]), (e, &[4.0; 8][..]));
+        drop(g);
+        let h = Buf::for_overwrite(10);
+        assert_eq!((&h[..8], &h[8..]), (&[4.0; 8][..], &[0.0, 0.0][..]));
+        drop(h);
         let mut d = Buf::for_overwrite(3);
         d.copy_from_slice(&[1.0, 2.0, 3.0]);
         assert_eq!(d.into_vec(), vec![1.0, 2.0, 3.0]);

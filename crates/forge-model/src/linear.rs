@@ -207,7 +207,7 @@ impl Linear {
 
     /// [`Linear::forward`] into a pooled buffer (no allocation in a warm decode loop).
     pub fn forward_buf(&self, x: &[f32], t: usize) -> Result<Buf> {
-        let mut y = Buf::zeros(t * self.out_f);
+        let mut y = Buf::for_overwrite(t * self.out_f);
         self.forward_into(x, t, &mut y)?;
         Ok(y)
     }
@@ -314,7 +314,7 @@ impl Linear {
     /// Add the low-rank branch (on the unrotated input `x`) and the bias to `y`.
     fn finish(&self, x: &[f32], t: usize, y: &mut [f32]) {
         if let Some(lr) = &self.lowrank {
-            let mut bx = Buf::zeros(t * lr.rank);
+            let mut bx = Buf::for_overwrite(t * lr.rank);
             forge_kernels::matmul::matmul_xwt(
                 x,
                 t,
@@ -323,7 +323,7 @@ impl Linear {
                 self.in_f,
                 &mut bx,
             );
-            let mut abx = Buf::zeros(t * self.out_f);
+            let mut abx = Buf::for_overwrite(t * self.out_f);
             forge_kernels::matmul::matmul_xwt(
                 &bx,
                 t,

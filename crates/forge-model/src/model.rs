@@ -279,7 +279,7 @@ impl Model {
         }
         let h = self.cfg.hidden_size;
         let mut timer = crate::profile::start();
-        let mut x = Buf::zeros(t * h);
+        let mut x = Buf::for_overwrite(t * h);
         self.embed_into(tokens, &mut x)?;
         timer.stop(crate::profile::Part::Embed);
         for li in 0..self.layers.len() {
@@ -329,7 +329,7 @@ impl Model {
     /// [`Model::logits`] into `out` (resized to `n × vocab`).
     pub fn logits_into(&self, rows: &[f32], n: usize, out: &mut Vec<f32>) -> Result<()> {
         let h = self.cfg.hidden_size;
-        let mut normed = Buf::zeros(n * h);
+        let mut normed = Buf::for_overwrite(n * h);
         for (xi, hi) in rows.chunks(h).zip(normed.chunks_mut(h)) {
             rmsnorm(xi, &self.final_norm, self.cfg.rms_eps, self.cfg.norm_zero_centered, hi);
         }
@@ -367,7 +367,7 @@ impl Model {
             }
         });
         let f = self.cfg.intermediate_size;
-        let (mut g, mut u) = (Buf::zeros(t * f), Buf::zeros(t * f));
+        let (mut g, mut u) = (Buf::for_overwrite(t * f), Buf::for_overwrite(t * f));
         Linear::forward_shared_into(&[&layer.mlp.gate, &layer.mlp.up], &hbuf, t, &mut [&mut g, &mut u])?;
         by_rows(&mut g, f, &|r0, gs| swiglu(gs, &u[r0 * f..r0 * f + gs.len()]));
         let d = layer.mlp.down.forward_buf(&g, t)?;
@@ -393,13 +393,14 @@ impl Model {
     fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Buf> {
         let cfg = &self.cfg;
         let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let (mut qf, mut k, mut v) = (Buf::zeros(t * a.q.out_f), Buf::zeros(t * a.k.out_f), Buf::zeros(t * a.v.out_f));
+        let (mut qf, mut k, mut v) =
+            (Buf::for_overwrite(t * a.q.out_f), Buf::for_overwrite(t * a.k.out_f), Buf::for_overwrite(t * a.v.out_f));
         Linear::forward_shared_into(&[&a.q, &a.k, &a.v], hbuf, t, &mut [&mut qf, &mut k, &mut v])?;
         let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate
         let mut q = Buf::for_overwrite(t * nh * hd);
         let mut gate = Buf::zeros(if cfg.attn_output_gate { t * nh * hd } else { 0 });
         let nf = self.rope.n_freq();
-        let (mut cos, mut sin) = (Buf::zeros(nf), Buf::zeros(nf));
+        let (mut cos, mut sin) = (Buf::for_overwrite(nf), Buf::for_overwrite(nf));
         let zc = cfg.norm_zero_centered;
         for i in 0..t {
             self.rope.cos_sin(pos0 + i, &mut cos, &mut sin);
@@ -489,8 +490,12 @@ impl Model {
         let (cd, kern) = (c.conv_dim(), c.conv_kernel);
         let (nk, nv, dk, dv) = (c.num_k_heads, c.num_v_heads, c.k_head_dim, c.v_head_dim);
         let (kd, vd) = (c.key_dim(), c.value_dim());
-        let (mut mixed, mut z, mut b, mut a) =
-            (Buf::zeros(t * cd), Buf::zeros(t * vd), Buf::zeros(t * nv), Buf::zeros(t * nv));
+        let (mut mixed, mut z, mut b, mut a) = (
+            Buf::for_overwrite(t * cd),
+            Buf::for_overwrite(t * vd),
+            Buf::for_overwrite(t * nv),
+            Buf::for_overwrite(t * nv),
+        );
         Linear::forward_shared_into(
             &[&d.in_qkv, &d.in_z, &d.in_b, &d.in_a],
             hbuf,
@@ -499,10 +504,10 @@ impl Model {
         )?;
         // Causal depthwise conv over [state (kernel−1 rows) | new rows], then SiLU.
         let hist = kern - 1;
-        let mut full = Buf::zeros((hist + t) * cd);
+        let mut full = Buf::for_overwrite((hist + t) * cd);
         full[..hist * cd].copy_from_slice(&st.conv);
         full[hist * cd..].copy_from_slice(&mixed);
-        let mut conv = Buf::zeros(t * cd);
+        let mut conv = Buf::for_overwrite(t * cd);
         let conv_row = |(i, out): (usize, &mut [f32])| {
             for (ch, o) in out.iter_mut().enumerate() {
                 let w = &d.conv_w[ch * kern..(ch + 1) * kern];
@@ -559,7 +564,7 @@ impl Model {
                 head(hv, state, w);
             }
         }
-        let mut core = Buf::zeros(t * vd);
+        let mut core = Buf::for_overwrite(t * vd);
         for (hv, w) in work.chunks(area).enumerate() {
             let o = &w[..t * dv];
             for i in 0..t {
