@@ -5,7 +5,8 @@
 //! the switch it measures the noise (an A/A test).
 //!
 //! `cargo run --release -p forge-kernels --example kernel_ab -- [COUTxCIN] [rows] [rounds]`
-//! (`rows` activation rows, default 1: decode; threads from `RAYON_NUM_THREADS`).
+//! (`rows` activation rows, default 1: decode; from `GEMM_MIN_T` rows on, the f32 prefill path
+//! as the runtime takes it; threads from `RAYON_NUM_THREADS`).
 
 use forge_kernels::lut::Format;
 use forge_kernels::lutmm::intdot::{matmul_many, QuantX};
@@ -35,7 +36,11 @@ fn main() {
                 forge_kernels::experiment::set(v);
                 let t0 = Instant::now();
                 for _ in 0..reps {
-                    matmul_many(true, &[&d], &qx, &mut [&mut y]);
+                    if forge_kernels::lutmm::intdot::f32_path(t) {
+                        d.matmul_with(true, &x, t, &mut y);
+                    } else {
+                        matmul_many(true, &[&d], &qx, &mut [&mut y]);
+                    }
                 }
                 best[v] = best[v].min(t0.elapsed().as_secs_f64() / reps as f64);
             }
