@@ -1,7 +1,8 @@
 //! Microbenchmarks of the integer-dot matrix kernels: each format at decode (T = 1) and verify
 //! (T = 8) on SmolLM2's MLP shape and a 27B-sized slice, SIMD against the scalar reference on
 //! the same packed data, activations quantized outside the timed loop; and prefill (T = 64,
-//! weights decoded to f32 and FMA tiles), counted in multiply-adds per second.
+//! weights decoded to f32 and FMA tiles), counted in multiply-adds per second; and the online
+//! rotation of one activation row.
 //!
 //! `cargo bench -p forge-kernels --bench kernels` (divan prints time and bytes/s per case; the
 //! ratio SIMD ÷ scalar is the speedup). `forge bench --kernels` gives the same comparison as one
@@ -75,5 +76,19 @@ fn prefill64_simd<const S: usize>(b: Bencher, format: &str) {
     b.counter(ItemsCount::new(t * cout * cin)).bench_local(|| {
         gemm_many(true, &[&m], &x, t, &mut [&mut y]);
         divan::black_box(&y);
+    });
+}
+
+/// One activation row through its online rotation (sign pass, block FWHT) at SmolLM2's widths
+/// (blocks of 64 and 512) and the 27B's (blocks of 1024).
+#[divan::bench(args = [576, 1536, 5120, 17408])]
+fn rotate_row(b: Bencher, dim: usize) {
+    let rot = forge_kernels::rotation::Rotation::new(dim, 1000);
+    let mut r = Lcg(11);
+    let x: Vec<f32> = (0..dim).map(|_| (r.next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let mut out = vec![0f32; dim];
+    b.counter(BytesCount::new(4 * dim)).bench_local(|| {
+        rot.apply_rows_into(&x, &mut out);
+        divan::black_box(&out);
     });
 }

@@ -63,9 +63,11 @@ fn fwht_portable(x: &mut [f32]) {
     butterflies_from(x, 1);
 }
 
-/// AVX2: the first three stages (h = 1, 2, 4) run inside one 8-lane register via permutes; the rest are plain 8-wide
-/// butterflies. Lane `i` of stage `h` computes `partner + sign·self` with `sign = -1` on the upper element of each
-/// pair, which is `lo + hi` / `lo - hi` — the same operation, in the same order, as the portable code.
+/// AVX2: the first three stages (h = 1, 2, 4) run inside one 8-lane register via permutes; the rest go three at a
+/// time through eight registers (stages `h`, `2h`, `4h` pair vectors 1, 2 and 4 apart among eight loaded `h` values
+/// apart), so a 512-wide block takes two passes over memory instead of seven. Lane `i` of an in-register stage
+/// computes `partner + sign·self` with `sign = -1` on the upper element of each pair, which is `lo + hi` / `lo - hi`
+/// — the same operation, in the same order, as the portable code; every later stage is that add and subtract.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn fwht_avx2(x: &mut [f32]) {
@@ -75,34 +77,90 @@ fn fwht_avx2(x: &mut [f32]) {
         fwht_portable(x);
         return;
     }
+    if n < 64 {
+        for c in x.chunks_exact_mut(8) {
+            // SAFETY: `c` is exactly 8 contiguous f32s; unaligned load/store are used.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), within8(_mm256_loadu_ps(c.as_ptr()))) };
+        }
+        let mut h = 8;
+        while h < n {
+            // SAFETY: h is a multiple of 8 and 2h divides n.
+            unsafe { vector_stages::<2, false>(x, h) };
+            h *= 2;
+        }
+        return;
+    }
+    // Stages 1–32: eight vectors of one 64-value chunk.
+    // SAFETY: n is a multiple of 64 (a power of two ≥ 64).
+    unsafe { vector_stages::<8, true>(x, 8) };
+    let mut h = 64;
+    while h < n {
+        // SAFETY: h is a multiple of 8, and 8h, 4h or 2h (as taken) divides n.
+        unsafe {
+            if 8 * h <= n {
+                vector_stages::<8, false>(x, h);
+                h *= 8;
+            } else if 4 * h <= n {
+                vector_stages::<4, false>(x, h);
+                h *= 4;
+            } else {
+                vector_stages::<2, false>(x, h);
+                h *= 2;
+            }
+        }
+    }
+}
+
+/// Stages 1, 2 and 4 inside one register.
+///
+/// # Safety
+/// AVX2 and FMA must be present.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn within8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
     let s1 = _mm256_setr_ps(1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0);
     let s2 = _mm256_setr_ps(1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0);
     let s4 = _mm256_setr_ps(1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0);
-    for c in x.chunks_exact_mut(8) {
-        // SAFETY: `c` is exactly 8 contiguous f32s; unaligned load/store are used.
-        let mut v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
-        // Multiplying by ±1 is exact, so the fused multiply-add is exactly the add/subtract of the portable path.
-        v = _mm256_fmadd_ps(v, s1, _mm256_permute_ps::<0b1011_0001>(v));
-        v = _mm256_fmadd_ps(v, s2, _mm256_permute_ps::<0b0100_1110>(v));
-        v = _mm256_fmadd_ps(v, s4, _mm256_permute2f128_ps::<0x01>(v, v));
-        // SAFETY: as for the load above.
-        unsafe { _mm256_storeu_ps(c.as_mut_ptr(), v) };
-    }
-    let mut h = 8;
-    while h < n {
-        for pair in x.chunks_exact_mut(2 * h) {
-            let (a, b) = pair.split_at_mut(h);
-            for (ca, cb) in a.chunks_exact_mut(8).zip(b.chunks_exact_mut(8)) {
-                // SAFETY: `ca` and `cb` are disjoint chunks of exactly 8 f32s (h is a multiple of 8).
-                unsafe {
-                    let u = _mm256_loadu_ps(ca.as_ptr());
-                    let w = _mm256_loadu_ps(cb.as_ptr());
-                    _mm256_storeu_ps(ca.as_mut_ptr(), _mm256_add_ps(u, w));
-                    _mm256_storeu_ps(cb.as_mut_ptr(), _mm256_sub_ps(u, w));
+    // Multiplying by ±1 is exact, so the fused multiply-add is exactly the add/subtract of the portable path.
+    let v = _mm256_fmadd_ps(v, s1, _mm256_permute_ps::<0b1011_0001>(v));
+    let v = _mm256_fmadd_ps(v, s2, _mm256_permute_ps::<0b0100_1110>(v));
+    _mm256_fmadd_ps(v, s4, _mm256_permute2f128_ps::<0x01>(v, v))
+}
+
+/// Stages `h, 2h, …, (V/2)·h` of the butterflies: for each `V·h` values, `V` vectors `h` apart at a time, paired 1,
+/// 2, … apart (`lo + hi`, `lo − hi`), with `FIRST` each first put through [`within8`].
+///
+/// # Safety
+/// AVX2 and FMA must be present; `h` a multiple of 8 and `V·h` a divisor of `x.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn vector_stages<const V: usize, const FIRST: bool>(x: &mut [f32], h: usize) {
+    use std::arch::x86_64::*;
+    debug_assert!(h.is_multiple_of(8) && x.len().is_multiple_of(V * h));
+    let p = x.as_mut_ptr();
+    for base in (0..x.len()).step_by(V * h) {
+        for c in (0..h).step_by(8) {
+            let at = |j: usize| p.add(base + c + j * h);
+            let mut v: [__m256; V] = std::array::from_fn(|j| _mm256_loadu_ps(at(j)));
+            if FIRST {
+                v.iter_mut().for_each(|r| *r = within8(*r));
+            }
+            let mut d = 1;
+            while d < V {
+                for j in 0..V {
+                    if j & d == 0 {
+                        let (lo, hi) = (v[j], v[j | d]);
+                        v[j] = _mm256_add_ps(lo, hi);
+                        v[j | d] = _mm256_sub_ps(lo, hi);
+                    }
                 }
+                d *= 2;
+            }
+            for (j, &r) in v.iter().enumerate() {
+                _mm256_storeu_ps(at(j), r);
             }
         }
-        h *= 2;
     }
 }
 
@@ -209,7 +267,7 @@ mod tests {
         if !crate::simd::has_avx2_fma() {
             return;
         }
-        for n in [1, 2, 4, 8, 16, 64, 1024, 4096] {
+        for n in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192] {
             let x0 = data(n, 7 + n as u32);
             let (mut a, mut p) = (x0.clone(), x0);
             // SAFETY: AVX2 and FMA are present (checked above).
