@@ -183,10 +183,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
-}
-
 /// Prefill `prompt_tokens` synthetic tokens, then greedy-decode `gen_tokens`; median over repeats
 /// after one untimed warm-up, each run after a pass of `probe` when given.
 fn measure(model: &Model, a: &Args, probe: Option<&Probe>) -> Result<Speeds> {
@@ -199,13 +195,13 @@ fn measure(model: &Model, a: &Args, probe: Option<&Probe>) -> Result<Speeds> {
         let t0 = Instant::now();
         let logits = model.forward(&mut sess, &prompt, Logits::Last)?;
         let prefill = prompt.len() as f64 / t0.elapsed().as_secs_f64();
-        let mut tok = argmax(&logits);
+        let mut tok = forge_model::sampling::argmax(&logits);
         let mut logits = logits;
         let allocs0 = forge_kernels::scratch::allocations();
         let t1 = Instant::now();
         for _ in 0..gen {
             model.forward_into(&mut sess, &[tok], Logits::Last, &mut logits)?;
-            tok = argmax(&logits);
+            tok = forge_model::sampling::argmax(&logits);
         }
         let decode = gen as f64 / t1.elapsed().as_secs_f64().max(1e-9);
         Ok((prefill, decode, forge_kernels::scratch::allocations() - allocs0, sess))
@@ -249,14 +245,14 @@ fn decode_split(model: &Model, a: &Args) -> Result<Vec<(String, f64)>> {
     let prompt: Vec<u32> = (0..a.prompt_tokens.max(1) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let mut sess = model.new_session();
     let mut logits = model.forward(&mut sess, &prompt, Logits::Last)?;
-    let mut tok = argmax(&logits);
+    let mut tok = forge_model::sampling::argmax(&logits);
     let n = a.gen_tokens.max(1);
     sess.reserve(n);
     profile::enable(true);
     let t0 = Instant::now();
     for _ in 0..n {
         model.forward_into(&mut sess, &[tok], Logits::Last, &mut logits)?;
-        tok = argmax(&logits);
+        tok = forge_model::sampling::argmax(&logits);
     }
     let wall = t0.elapsed().as_secs_f64();
     profile::enable(false);

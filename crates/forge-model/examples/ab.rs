@@ -40,9 +40,8 @@ fn main() -> anyhow::Result<()> {
         let pf = prompt.len() as f64 / t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         for _ in 0..g {
-            let tok =
-                logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0;
-            model.forward_into(&mut sess, &[tok as u32], Logits::Last, &mut logits)?;
+            let tok = forge_model::sampling::argmax(&logits);
+            model.forward_into(&mut sess, &[tok], Logits::Last, &mut logits)?;
         }
         Ok((pf, g as f64 / t1.elapsed().as_secs_f64().max(1e-9)))
     };

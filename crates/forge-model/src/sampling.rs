@@ -118,7 +118,30 @@ fn draw(cand: &[(u32, f32)], probs: &mut Vec<f64>, p: &SamplingParams, rng: &mut
     cand[keep - 1].0
 }
 
+/// The first index of the largest value (NaN never wins; a NaN first value gives 0), as
+/// [`argmax_ref`]: the maximum found eight lanes at a time, then its first position (the one
+/// serial loop ran ~30 µs over a 49k-entry vocabulary, a few tenths of a percent of a token).
 pub fn argmax(x: &[f32]) -> u32 {
+    let Some(&first) = x.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut lanes = [first; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let mut m = lanes.iter().fold(first, |a, &b| if b > a { b } else { a });
+    for &v in chunks.remainder() {
+        m = if v > m { v } else { m };
+    }
+    x.iter().position(|&v| v == m).unwrap_or(0) as u32
+}
+
+/// The one-pass definition [`argmax`] must equal.
+pub fn argmax_ref(x: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in x.iter().enumerate() {
         if v > x[best] {
@@ -131,6 +154,26 @@ pub fn argmax(x: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_equals_the_one_pass_definition() {
+        let mut r = Rng::new(5);
+        let nan = f32::NAN;
+        let cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![1.0],
+            vec![nan, 5.0, 6.0],
+            vec![1.0, nan, 3.0, 3.0, nan],
+            vec![-0.0, 0.0, -0.0],
+            vec![f32::NEG_INFINITY; 11],
+            (0..49152).map(|i| (i % 977) as f32).collect(), // ties: the first one wins
+            (0..1003).map(|_| r.next_f64() as f32 - 0.5).collect(),
+            (0..64).map(|i| if i % 9 == 0 { nan } else { i as f32 }).collect(),
+        ];
+        for x in &cases {
+            assert_eq!(argmax(x), if x.is_empty() { 0 } else { argmax_ref(x) }, "{:?}", &x[..x.len().min(12)]);
+        }
+    }
 
     #[test]
     fn greedy_and_seeded_reproducibility() {
