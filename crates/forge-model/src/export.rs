@@ -139,6 +139,14 @@ impl Export {
         self.compiled.is_some()
     }
 
+    /// Bytes of the quantized matrices' indices and INT8 codes (one byte per stored value),
+    /// which a load without the compiled cache copies into memory and packs beside.
+    pub fn index_bytes(&self) -> u64 {
+        let stored = |n: &str| n.ends_with(".idx") || n.ends_with(".int8");
+        let numel = |set: &SafetensorsSet, n: &str| set.shape(n).map_or(0, |s| s.iter().product::<usize>() as u64);
+        self.files.values().map(|set| set.names().filter(|n| stored(n)).map(|n| numel(set, n)).sum::<u64>()).sum()
+    }
+
     /// Every LUT/INT8 matrix: `(file, key, cout, cin)`, in file and key order.
     pub fn quantized_matrices(&self) -> Result<Vec<(String, String, usize, usize)>> {
         let mut out = Vec::new();

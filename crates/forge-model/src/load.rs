@@ -39,6 +39,11 @@ pub fn load_tokenizer(ck: &Checkpoint) -> Result<Tokenizer> {
 pub fn load(path: &Path) -> Result<Loaded> {
     if crate::export::is_export(path) {
         let ex = crate::export::Export::open(path)?;
+        if !ex.is_compiled() {
+            if let Some(msg) = packing_exceeds_memory(ex.index_bytes(), available_memory()) {
+                anyhow::bail!("{}: {msg}; run `forge compile --model {}` once first", path.display(), path.display());
+            }
+        }
         let src = ex.source()?;
         let mut loaded = load_with(&src, &|name, o, i| ex.linear(name, o, i))?;
         if let (Some(table), crate::model::Embedding::Table(_)) = (ex.embedding()?, &loaded.model.embed) {
@@ -48,6 +53,39 @@ pub fn load(path: &Path) -> Result<Loaded> {
         return Ok(loaded);
     }
     load_with(path, &|_, _, _| Ok(None))
+}
+
+/// Memory a load without the compiled cache needs, over the index bytes it copies in: those
+/// bytes plus their packed form (half of them for lut4, three quarters for vec2x64, all for
+/// INT8), taken as 1.6 (the 27B shape's mix: 9.7 GiB packed beside ~15 GiB).
+const PACKING_NEED: f64 = 1.6;
+
+/// Why a load without the compiled cache would not fit in `available` bytes (None: it fits, or
+/// the available memory is unknown). The alternative is the kernel's OOM killer partway in.
+fn packing_exceeds_memory(index_bytes: u64, available: Option<u64>) -> Option<String> {
+    let need = index_bytes as f64 * PACKING_NEED;
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    match available {
+        Some(a) if need > a as f64 => Some(format!(
+            "without its compiled cache, loading packs the quantized weights in memory beside their {:.1} GiB \
+             of index bytes, about {:.1} GiB, and {:.1} GiB is available",
+            gib(index_bytes as f64),
+            gib(need),
+            gib(a as f64)
+        )),
+        _ => None,
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (None where there is no such file or field).
+fn available_memory() -> Option<u64> {
+    parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Load a checkpoint with some linear layers supplied by `provider`.
@@ -74,4 +112,28 @@ pub fn load_with(path: &Path, provider: &crate::model::LinearProvider) -> Result
         }
     };
     Ok(Loaded { model, tokenizer, template, path: path.to_path_buf() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_meminfo() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   23068672 kB\n";
+        assert_eq!(parse_mem_available(text), Some(23068672 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
+    }
+
+    #[test]
+    fn a_load_that_would_not_fit_is_refused_with_the_sizes() {
+        let gib = 1u64 << 30;
+        // The 27B shape's ~15 GiB of index bytes against 22 GiB available: refused.
+        let msg = packing_exceeds_memory(15 * gib, Some(22 * gib)).expect("refused");
+        assert!(msg.contains("15.0 GiB") && msg.contains("24.0 GiB") && msg.contains("22.0 GiB"), "{msg}");
+        // SmolLM2-sized, or memory unknown: loaded.
+        assert_eq!(packing_exceeds_memory(80 << 20, Some(22 * gib)), None);
+        assert_eq!(packing_exceeds_memory(15 * gib, None), None);
+    }
 }
