@@ -60,15 +60,9 @@ pub fn top_k(z: &[f32], k: usize, idx: &mut Vec<u32>) -> Vec<u32> {
     top
 }
 
-/// First index of the largest value.
+/// First index of the largest value (the sampler's greedy choice).
 pub fn argmax(z: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in z.iter().enumerate() {
-        if v > z[best] {
-            best = i;
-        }
-    }
-    best
+    forge_model::sampling::argmax(z) as usize
 }
 
 /// `p · (log p − log q)` with the conventions 0·log 0 = 0 and p > 0, q = 0 → +inf.
