@@ -69,6 +69,38 @@ impl Bytes {
     }
 }
 
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Self {
+        Bytes::from_vec(v)
+    }
+}
+
+impl FromIterator<u8> for Bytes {
+    fn from_iter<I: IntoIterator<Item = u8>>(it: I) -> Self {
+        Bytes::from_vec(it.into_iter().collect())
+    }
+}
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bytes({} bytes)", self.len)
+    }
+}
+
+/// Equal contents, wherever they live.
+impl PartialEq for Bytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
 /// Tensor storage: owned f32 or raw (possibly mapped) bytes of a given dtype.
 #[derive(Clone)]
 pub enum Storage {
@@ -180,6 +212,14 @@ impl HostTensor {
         let mut out = vec![0f32; f.len()];
         f.read_into(0, &mut out);
         Ok(out)
+    }
+
+    /// The raw byte range itself (a view of the mapping, not a copy), for holding it.
+    pub fn raw(&self) -> Option<&Bytes> {
+        match &self.storage {
+            Storage::Raw { bytes, .. } => Some(bytes),
+            Storage::F32(_) => None,
+        }
     }
 
     /// Raw bytes (for integer tensors such as LUT indices).

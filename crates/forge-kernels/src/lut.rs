@@ -8,6 +8,7 @@
 
 use crate::matmul::RowSource;
 use anyhow::{bail, Result};
+pub use forge_core::tensor::Bytes;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Format {
@@ -145,8 +146,9 @@ pub struct LutMatrix {
     pub cin: usize,
     /// `K × d`, FP16-exact values.
     pub codebook: Vec<f32>,
-    /// `cout/d × cin`.
-    pub idx: Vec<u8>,
+    /// `cout/d × cin`: owned by a quantizer's result, a view of the mapped file when read from
+    /// an export (so a load without the compiled cache holds only the packed copy in memory).
+    pub idx: Bytes,
     /// `cout`, FP16-exact.
     pub scale: Vec<f32>,
 }
@@ -313,7 +315,14 @@ mod tests {
         let mut codebook = vec![0f32; 32];
         codebook[6] = -0.25;
         codebook[7] = 0.5;
-        let m = LutMatrix { format: Format::Vec2x16, cout: 2, cin: 1, codebook, idx: vec![3], scale: vec![2.0, 4.0] };
+        let m = LutMatrix {
+            format: Format::Vec2x16,
+            cout: 2,
+            cin: 1,
+            codebook,
+            idx: vec![3].into(),
+            scale: vec![2.0, 4.0],
+        };
         m.validate().unwrap();
         assert_eq!(m.reconstruct(), vec![-0.5, 2.0]);
     }
@@ -326,7 +335,7 @@ mod tests {
             let codebook: Vec<f32> = (0..k * d).map(|i| (i as f32 * 0.37).sin()).collect();
             let idx: Vec<u8> = (0..cout / d * cin).map(|i| ((i * 7 + 3) % k) as u8).collect();
             let scale: Vec<f32> = (0..cout).map(|r| 0.5 + r as f32 * 0.01).collect();
-            let m = LutMatrix { format, cout, cin, codebook, idx, scale };
+            let m = LutMatrix { format, cout, cin, codebook, idx: idx.into(), scale };
             m.validate().unwrap();
             let w = m.reconstruct();
             for t in [1, 3, 9] {

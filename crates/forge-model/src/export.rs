@@ -139,12 +139,23 @@ impl Export {
         self.compiled.is_some()
     }
 
-    /// Bytes of the quantized matrices' indices and INT8 codes (one byte per stored value),
-    /// which a load without the compiled cache copies into memory and packs beside.
-    pub fn index_bytes(&self) -> u64 {
-        let stored = |n: &str| n.ends_with(".idx") || n.ends_with(".int8");
-        let numel = |set: &SafetensorsSet, n: &str| set.shape(n).map_or(0, |s| s.iter().product::<usize>() as u64);
-        self.files.values().map(|set| set.names().filter(|n| stored(n)).map(|n| numel(set, n)).sum::<u64>()).sum()
+    /// Bytes a load without the compiled cache allocates for the quantized matrices: their packed
+    /// form (six bits an index for 64-entry tables, four for the rest; INT8 codes whole) and the
+    /// copy of each INT8 tensor the plain form holds. LUT indices stay in the file's mapping.
+    pub fn packing_bytes(&self) -> u64 {
+        let mut total = 0u64;
+        for set in self.files.values() {
+            let numel = |n: &str| set.shape(n).map_or(0, |s| s.iter().product::<usize>() as u64);
+            for n in set.names() {
+                if let Some(key) = n.strip_suffix(".idx") {
+                    let entries = set.shape(&format!("{key}.lut")).and_then(|s| s.first().copied()).unwrap_or(16);
+                    total += numel(n) * if entries > 16 { 6 } else { 4 } / 8;
+                } else if n.ends_with(".int8") {
+                    total += 2 * numel(n);
+                }
+            }
+        }
+        total
     }
 
     /// Every LUT/INT8 matrix: `(file, key, cout, cin)`, in file and key order.
@@ -265,7 +276,9 @@ impl Export {
                 cout: out_f,
                 cin: in_f,
                 codebook: lut.to_f32_vec().with_context(|| ctx("lut"))?,
-                idx: idx_t.raw_bytes().unwrap_or_default().to_vec(),
+                // The mapped bytes themselves: packing reads them once, and the page cache can
+                // give them back, where a copy would sit beside the packed form for good.
+                idx: idx_t.raw().cloned().ok_or_else(|| anyhow!("{}: not raw bytes", ctx("idx")))?,
                 scale: f32s("scale", &[out_f])?,
             };
             m.validate().with_context(|| format!("{}: matrix '{key}'", path.display()))?;

@@ -40,7 +40,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
     if crate::export::is_export(path) {
         let ex = crate::export::Export::open(path)?;
         if !ex.is_compiled() {
-            if let Some(msg) = packing_exceeds_memory(ex.index_bytes(), available_memory()) {
+            if let Some(msg) = packing_exceeds_memory(ex.packing_bytes(), available_memory()) {
                 anyhow::bail!("{}: {msg}; run `forge compile --model {}` once first", path.display(), path.display());
             }
         }
@@ -55,23 +55,16 @@ pub fn load(path: &Path) -> Result<Loaded> {
     load_with(path, &|_, _, _| Ok(None))
 }
 
-/// Memory a load without the compiled cache needs, over the index bytes it copies in: those
-/// bytes plus their packed form (half of them for lut4, three quarters for vec2x64, all for
-/// INT8), taken as 1.6 (the 27B shape's mix: 9.7 GiB packed beside ~15 GiB).
-const PACKING_NEED: f64 = 1.6;
-
-/// Why a load without the compiled cache would not fit in `available` bytes (None: it fits, or
-/// the available memory is unknown). The alternative is the kernel's OOM killer partway in.
-fn packing_exceeds_memory(index_bytes: u64, available: Option<u64>) -> Option<String> {
-    let need = index_bytes as f64 * PACKING_NEED;
-    let gib = |b: f64| b / (1u64 << 30) as f64;
+/// Why packing `need` bytes at load would not fit in `available` bytes (None: it fits, or the
+/// available memory is unknown). The alternative is the kernel's OOM killer partway in.
+fn packing_exceeds_memory(need: u64, available: Option<u64>) -> Option<String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     match available {
-        Some(a) if need > a as f64 => Some(format!(
-            "without its compiled cache, loading packs the quantized weights in memory beside their {:.1} GiB \
-             of index bytes, about {:.1} GiB, and {:.1} GiB is available",
-            gib(index_bytes as f64),
+        Some(a) if need > a => Some(format!(
+            "without its compiled cache, loading packs the quantized weights in memory, about {:.1} GiB, \
+             and {:.1} GiB is available",
             gib(need),
-            gib(a as f64)
+            gib(a)
         )),
         _ => None,
     }
@@ -129,11 +122,11 @@ mod tests {
     #[test]
     fn a_load_that_would_not_fit_is_refused_with_the_sizes() {
         let gib = 1u64 << 30;
-        // The 27B shape's ~15 GiB of index bytes against 22 GiB available: refused.
-        let msg = packing_exceeds_memory(15 * gib, Some(22 * gib)).expect("refused");
-        assert!(msg.contains("15.0 GiB") && msg.contains("24.0 GiB") && msg.contains("22.0 GiB"), "{msg}");
-        // SmolLM2-sized, or memory unknown: loaded.
+        let msg = packing_exceeds_memory(24 * gib, Some(22 * gib)).expect("refused");
+        assert!(msg.contains("24.0 GiB") && msg.contains("22.0 GiB"), "{msg}");
+        // The 27B shape's 9.7 GiB packed form, SmolLM2-sized, or memory unknown: loaded.
+        assert_eq!(packing_exceeds_memory(97 * gib / 10, Some(22 * gib)), None);
         assert_eq!(packing_exceeds_memory(80 << 20, Some(22 * gib)), None);
-        assert_eq!(packing_exceeds_memory(15 * gib, None), None);
+        assert_eq!(packing_exceeds_memory(24 * gib, None), None);
     }
 }

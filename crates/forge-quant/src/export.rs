@@ -233,7 +233,7 @@ mod tests {
             cout: 4,
             cin: 3,
             codebook: (0..32).map(|i| i as f32 / 8.0 - 2.0).collect(),
-            idx: vec![1, 2, 3, 4, 5, 15],
+            idx: vec![1, 2, 3, 4, 5, 15].into(),
             scale: vec![0.5, 0.25, 1.0, 2.0],
         };
         let i8m = Int8Matrix { cout: 2, cin: 3, q: vec![-127, 0, 5, 127, -1, 3], scale: vec![0.125, 0.5] };
@@ -273,5 +273,42 @@ mod tests {
         let e = write_streaming(&path, &bad, &meta, |_, w| Ok(w.write_all(&[1, 2])?)).unwrap_err();
         assert!(e.to_string().contains("2 bytes written"), "{e}");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// An export's LUT indices are read as views of the file's mapping, not copied: two reads
+    /// of one matrix see the same bytes at the same address (a copy would be a new allocation
+    /// each time), equal to what was written.
+    #[test]
+    fn export_indices_stay_in_the_mapping() {
+        use forge_model::linear::Weight;
+        let idx: Vec<u8> = (0..48 * 64).map(|i| (i * 7 % 64) as u8).collect();
+        let lut = LutMatrix {
+            format: Format::Vec2x64,
+            cout: 96,
+            cin: 64,
+            codebook: (0..128).map(|i| (i as f32 - 64.0) / 32.0).collect(),
+            idx: idx.clone().into(),
+            scale: vec![0.5; 96],
+        };
+        let entry = MatrixEntry {
+            key: "mlp.up_proj".into(),
+            q: QuantMatrix::Lut(lut),
+            rotation: None,
+            lowrank: None,
+            stats: BTreeMap::new(),
+        };
+        let dir = std::env::temp_dir().join(format!("forge-export-mapped-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_file(&dir.join("layer_00.safetensors"), "mlp", &[entry], &BTreeMap::new()).unwrap();
+        let ex = forge_model::export::Export::open_partial(&dir).unwrap();
+        let read = || match ex.linear("layers.0.mlp.up_proj", 96, 64).unwrap().expect("stored").weight {
+            Weight::Lut(m) => m,
+            _ => panic!("not a LUT weight"),
+        };
+        let (a, b) = (read(), read());
+        assert_eq!(&a.idx[..], &idx[..]);
+        assert_eq!(a.idx.as_ptr(), b.idx.as_ptr(), "indices copied on read");
+        assert_eq!(ex.packing_bytes(), 48 * 64 * 6 / 8);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -311,7 +311,8 @@ mod tests {
     }
 
     fn recon(format: Format, out: usize, cin: usize, cb: &[f32], idx: Vec<u8>, scale: &[f32]) -> Vec<f32> {
-        LutMatrix { format, cout: out, cin, codebook: cb.to_vec(), idx, scale: scale.to_vec() }.reconstruct()
+        LutMatrix { format, cout: out, cin, codebook: cb.to_vec(), idx: idx.into(), scale: scale.to_vec() }
+            .reconstruct()
     }
 
     #[test]

@@ -196,7 +196,7 @@ fn quantize_linear(lin: &Linear, o: &Options, stats: Option<&InputStats>) -> Res
             let diag: Vec<f32> = (0..cin).map(|i| h[i * cin + i] as f32).collect();
             let cb = fit_codebook(&wn, out, cin, format, o.aw.then_some(&diag[..]), seed);
             let idx = gptq(&mut wn, out, cin, h, &cb, format.vec_dim()).with_context(|| format!("GPTQ of {name}"))?;
-            QuantMatrix::Lut(LutMatrix { format, cout: out, cin, codebook: cb, idx, scale })
+            QuantMatrix::Lut(LutMatrix { format, cout: out, cin, codebook: cb, idx: idx.into(), scale })
         }
         _ => {
             let diag: Option<Vec<f32>> = h_fit.as_ref().map(|h| (0..cin).map(|i| h[i * cin + i] as f32).collect());

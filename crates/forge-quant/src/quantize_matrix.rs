@@ -192,7 +192,7 @@ pub fn quantize_rtn(
             let wn = normalize(w, cin, &scale);
             let codebook = fit_codebook(&wn, cout, cin, format, col_w, seed);
             let idx = assign_rtn(&wn, cout, cin, &codebook, d);
-            QuantMatrix::Lut(LutMatrix { format, cout, cin, codebook, idx, scale })
+            QuantMatrix::Lut(LutMatrix { format, cout, cin, codebook, idx: idx.into(), scale })
         }
     })
 }

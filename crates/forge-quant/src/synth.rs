@@ -374,7 +374,7 @@ fn synth_matrix(seed: u64, plan: &Plan, name: &str, cout: usize, cin: usize) -> 
                 cout,
                 cin,
                 codebook,
-                idx: uniform_indices(seed, name, cout / d * cin, k),
+                idx: uniform_indices(seed, name, cout / d * cin, k).into(),
                 scale: row_scales(seed, name, cout, ROW_SCALE),
             })
         }

@@ -604,9 +604,11 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
             } else {
                 let mut m = random_lut_int(format, cout, cin, &mut rng);
                 let k = format.entries();
-                for (i, v) in m.idx.iter_mut().enumerate().take(k) {
+                let mut idx = m.idx.to_vec();
+                for (i, v) in idx.iter_mut().enumerate().take(k) {
                     *v = i as u8;
                 }
+                m.idx = idx.into();
                 (None, Some(m))
             };
             let w = int8.as_ref().map_or_else(|| lut.as_ref().unwrap().reconstruct(), |m| m.reconstruct());
