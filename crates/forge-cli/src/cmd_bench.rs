@@ -35,7 +35,8 @@ pub struct Args {
     #[arg(long)]
     kernels: bool,
     /// Matrix shape for --kernels, OUTxIN (e.g. 17408x5120, a 27B MLP matrix; each case cycles
-    /// through 512 MiB of copies of it, so that the weights come from memory, not cache)
+    /// through copies of it adding up to four times the last-level cache, at least 512 MiB, so
+    /// that the weights come from memory, not cache)
     #[arg(long, default_value = "2048x2048")]
     shape: String,
     #[arg(long)]
@@ -368,9 +369,32 @@ impl Probe {
 /// a probe with one measured a third less than the machine gives.
 const STREAMS: usize = 4;
 
-/// Bytes of matrix copies each kernel case cycles through: several times the last-level cache
-/// of the machines measured here.
-const COLD_BYTES: usize = 512 << 20;
+/// Bytes of matrix copies each kernel case cycles through: four times the last-level cache
+/// (at least 512 MiB), so that each call reads its weights from memory. A fixed 512 MiB was
+/// several times the Xeons' 105 MiB L3, but about the 480 MiB reported by a later one.
+fn cold_bytes() -> usize {
+    (4 * last_level_cache_bytes().unwrap_or(0)).max(512 << 20)
+}
+
+/// The largest cache size Linux reports for CPU 0 (`/sys/devices/system/cpu/cpu0/cache/index*/
+/// size`, e.g. `491520K`), if any.
+pub fn last_level_cache_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("size")).ok())
+        .filter_map(|s| parse_cache_size(s.trim()))
+        .max()
+}
+
+/// `"491520K"`, `"32M"` or `"512"` (bytes) as bytes.
+fn parse_cache_size(s: &str) -> Option<usize> {
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
 
 fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
     let (cout, cin) = a
@@ -385,6 +409,7 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         (s >> 33) as u32
     };
     let x: Vec<f32> = (0..cin).map(|_| (rnd() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let cold = cold_bytes();
     let mut rows = Vec::new();
     let mut probes = Vec::new();
     // Each format in the integer-dot layout (codebooks on the 8-bit grid, as the quantizer
@@ -407,8 +432,8 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         let bytes = p.packed_bytes() as f64;
         // Copies of the matrix, called in turn, so that each call reads its weights from memory
         // as a model's layers do: one 17408×5120 matrix (22–89 MB) fits in a large last-level
-        // cache (105 MiB on the Xeon), and calling it alone measured cache, not memory.
-        let ps: Vec<PackedMatrix> = vec![p; (COLD_BYTES as f64 / bytes).ceil().max(1.0) as usize];
+        // cache (105 MiB on one Xeon, 480 MiB on another), and calling it alone measured cache.
+        let ps: Vec<PackedMatrix> = vec![p; (cold as f64 / bytes).ceil().max(1.0) as usize];
         let time = |b: Backend, t: usize| {
             let xs: Vec<f32> = x.iter().cycle().take(t * cin).copied().collect();
             let mut y = vec![0f32; t * cout];
@@ -456,12 +481,13 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({ "threads": threads, "shape": [cout, cin], "bandwidth_gb_s": bw, "isa": forge_kernels::lutmm::intdot::isa(), "kernels": rows })
+                &json!({ "threads": threads, "shape": [cout, cin], "cold_bytes": cold, "bandwidth_gb_s": bw, "isa": forge_kernels::lutmm::intdot::isa(), "kernels": rows })
             )?
         );
     } else {
         println!(
-            "kernels on {cout}×{cin} (copies cycled through 512 MiB), {threads} threads, read bandwidth {bw:.2} GB/s (median of the probe passes run before each decode round; % of bw is the median of the rounds' ratios); {}",
+            "kernels on {cout}×{cin} (copies cycled through {} MiB), {threads} threads, read bandwidth {bw:.2} GB/s (median of the probe passes run before each decode round; % of bw is the median of the rounds' ratios); {}",
+            cold >> 20,
             forge_kernels::lutmm::intdot::isa()
         );
         println!(
@@ -495,4 +521,21 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("491520K"), Some(491520 << 10));
+        assert_eq!(parse_cache_size("32M"), Some(32 << 20));
+        assert_eq!(parse_cache_size("1G"), Some(1 << 30));
+        assert_eq!(parse_cache_size("4096"), Some(4096));
+        assert_eq!(parse_cache_size(""), None);
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size("12x"), None);
+        assert!(cold_bytes() >= 512 << 20);
+    }
 }

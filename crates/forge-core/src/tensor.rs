@@ -224,10 +224,7 @@ impl HostTensor {
 
     /// Raw bytes (for integer tensors such as LUT indices).
     pub fn raw_bytes(&self) -> Option<&[u8]> {
-        match &self.storage {
-            Storage::Raw { bytes, .. } => Some(bytes.as_slice()),
-            Storage::F32(_) => None,
-        }
+        self.raw().map(|b| b.as_slice())
     }
 }
 

@@ -140,20 +140,23 @@ impl Export {
     }
 
     /// Bytes a load without the compiled cache allocates for the quantized matrices: their packed
-    /// form (six bits an index for 64-entry tables, four for the rest; INT8 codes whole) and the
-    /// copy of each INT8 tensor the plain form holds. LUT indices stay in the file's mapping.
+    /// form (what [`DotMatrix::sizes`] gives for the layout each packs to; matrices off the
+    /// integer grid, which take the float tiles, estimated at four bits an index) and the copy of
+    /// each INT8 tensor the plain form holds. LUT indices stay in the file's mapping.
+    ///
+    /// [`DotMatrix::sizes`]: forge_kernels::lutmm::intdot::DotMatrix::sizes
     pub fn packing_bytes(&self) -> u64 {
+        use forge_kernels::lutmm::intdot::DotMatrix;
+        let Ok(matrices) = self.quantized_matrices() else { return 0 };
         let mut total = 0u64;
-        for set in self.files.values() {
-            let numel = |n: &str| set.shape(n).map_or(0, |s| s.iter().product::<usize>() as u64);
-            for n in set.names() {
-                if let Some(key) = n.strip_suffix(".idx") {
-                    let entries = set.shape(&format!("{key}.lut")).and_then(|s| s.first().copied()).unwrap_or(16);
-                    total += numel(n) * if entries > 16 { 6 } else { 4 } / 8;
-                } else if n.ends_with(".int8") {
-                    total += 2 * numel(n);
-                }
-            }
+        for (file, key, cout, cin) in matrices {
+            let int8 = self.files[&file].contains(&format!("{key}.int8"));
+            let packed = match self.dot_layout(&file, &key, cout, cin) {
+                Ok(Some(layout)) => DotMatrix::sizes(&layout).map_or(0, |(d, t, s)| (d + t + s) as u64),
+                // Unreadable codebooks fail the load itself with their own error.
+                _ => (cout * cin / 2) as u64,
+            };
+            total += packed + if int8 { (cout * cin) as u64 } else { 0 };
         }
         total
     }
