@@ -330,7 +330,8 @@ impl Probe {
     }
 
     /// One pass over the buffer, GB/s: each worker sums its share as [`STREAMS`] segments in
-    /// lockstep, each prefetched 8 KiB ahead as the kernels prefetch their rows.
+    /// lockstep, each prefetched 8 KiB ahead as the kernels prefetch their rows, with the
+    /// widest loads the CPU has (`forge_kernels::stream`).
     pub fn pass(&self) -> f64 {
         let workers = rayon::current_num_threads().max(1);
         // Whole 64-byte lines per segment.
@@ -338,25 +339,7 @@ impl Probe {
         let t0 = Instant::now();
         let sink: u64 = (0..workers)
             .into_par_iter()
-            .map(|w| {
-                let base = &self.buf[w * STREAMS * seg..(w + 1) * STREAMS * seg];
-                let mut acc = [0u64; 8];
-                for i in (0..seg).step_by(8) {
-                    for s in 0..STREAMS {
-                        let line = &base[s * seg + i..s * seg + i + 8];
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: a prefetch is only a hint; the address need not be valid.
-                        unsafe {
-                            use std::arch::x86_64::*;
-                            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().wrapping_add(1024) as *const i8);
-                        }
-                        for k in 0..8 {
-                            acc[k] = acc[k].wrapping_add(line[k]);
-                        }
-                    }
-                }
-                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-            })
+            .map(|w| forge_kernels::stream::sum_streams(&self.buf[w * STREAMS * seg..], STREAMS, seg))
             .reduce(|| 0, |a, b| a.wrapping_add(b));
         std::hint::black_box(sink);
         (workers * STREAMS * seg * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9

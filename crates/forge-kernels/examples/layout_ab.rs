@@ -4,8 +4,9 @@
 //! same activations, and the median of the rounds is reported.
 //!
 //! `cargo run --release -p forge-kernels --example layout_ab -- [COUTxCIN] [rounds] [cold]`
-//! (`cold`: cycle through copies of the matrix adding up to 512 MiB, so that each call reads
-//! its weights from memory, not cache; `RAYON_NUM_THREADS` sets the threads).
+//! (`cold`: cycle through copies of the matrix adding up to four times the last-level cache, at
+//! least 512 MiB, so that each call reads its weights from memory, not cache;
+//! `RAYON_NUM_THREADS` sets the threads).
 
 use forge_kernels::lut::Format;
 use forge_kernels::lutmm::intdot::{self, matmul_many, DotMatrix, QuantX};
@@ -30,7 +31,7 @@ fn main() {
     intdot::set_avx512(true);
     let six = common::Rng::new().lut_matrix(Format::Vec2x64, cout, cin);
     let bytes = six.packed_bytes();
-    let copies = if cold { ((512usize << 20) / bytes).max(2) } else { 1 };
+    let copies = if cold { (common::cold_bytes() / bytes).max(2) } else { 1 };
     let sets: Vec<Vec<DotMatrix>> = [&nibble, &six].iter().map(|d| vec![(*d).clone(); copies]).collect();
     // About 0.2 s per timing, and each copy at least twice.
     let reps = (2 * copies).max((2e8 / bytes as f64 * rayon::current_num_threads() as f64) as usize);

@@ -14,6 +14,7 @@ pub mod rope;
 pub mod rotation;
 pub mod scratch;
 pub mod simd;
+pub mod stream;
 pub mod team;
 pub mod transpose;
 

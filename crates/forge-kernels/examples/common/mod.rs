@@ -58,3 +58,21 @@ impl Rng {
         }
     }
 }
+
+/// Bytes of matrix copies a `cold` run cycles through: four times the largest cache Linux
+/// reports for CPU 0, at least 512 MiB, so that each call reads its weights from memory.
+#[allow(dead_code)] // read by the examples with a `cold` mode only
+pub fn cold_bytes() -> usize {
+    let llc = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("size")).ok())
+        .filter_map(|s| {
+            let s = s.trim();
+            let (n, m) = if let Some(k) = s.strip_suffix('K') { (k, 1 << 10) } else { (s.strip_suffix('M')?, 1 << 20) };
+            Some(n.parse::<usize>().ok()? * m)
+        })
+        .max()
+        .unwrap_or(0);
+    (4 * llc).max(512 << 20)
+}
