@@ -20,7 +20,7 @@ for k in keys:
 ll=[k for k in keys if k[0]=='llama.cpp']; fo=[k for k in keys if k[0]=='forge']
 for f in fo:
     row=[f[1]]
-    for l,idx,lab in [(ll[0],0,'pp/'+ll[0][1]),(ll[0],1,'tg/'+ll[0][1])]+[(x,1,'tg/'+x[1]) for x in ll[1:]]:
+    for l,idx,lab in [(x,i,('pp/','tg/')[i]+x[1]) for x in ll for i in (0,1)]:
         rs=[r[f][idx]/r[l][idx] for r in rounds if f in r and l in r]
         m=mean([r[f][idx] for r in rounds if f in r])/mean([r[l][idx] for r in rounds if l in r])
         rs.sort()
