@@ -81,6 +81,8 @@ pub fn run(a: Args) -> Result<()> {
             "model": path.display().to_string(),
             "threads": threads,
             "isa": forge_kernels::lutmm::intdot::isa(),
+            "prefill_kernels": forge_kernels::lutmm::intdot::prefill_isa(),
+            "dot_rates_per_s": forge_kernels::simd::dot_rates().map(|(f, d)| json!({ "f32_fma": f, "vpdpbusd": d })),
             "prompt_tokens": a.prompt_tokens,
             "gen_tokens": a.gen_tokens,
             "repeats": a.repeats,
@@ -112,6 +114,15 @@ pub fn run(a: Args) -> Result<()> {
         println!("model            {}", path.display());
         println!("threads          {threads}");
         println!("kernels          {}", forge_kernels::lutmm::intdot::isa());
+        match forge_kernels::simd::dot_rates() {
+            Some((f, d)) => println!(
+                "prefill kernels  {} (one core: f32 FMA {:.0}, vpdpbusd {:.0} G multiply-adds/s)",
+                forge_kernels::lutmm::intdot::prefill_isa(),
+                f / 1e9,
+                d / 1e9
+            ),
+            None => println!("prefill kernels  {}", forge_kernels::lutmm::intdot::prefill_isa()),
+        }
         println!("KV cache         {}", forge_model::session::kv_dtype().name());
         println!("prompt/gen       {} / {} tokens, median of {}", a.prompt_tokens, a.gen_tokens, a.repeats);
         println!("prefill          {:.1} tok/s", fast.prefill);

@@ -39,6 +39,11 @@ struct Cli {
     /// 512-bit work).
     #[arg(long = "avx512-256", global = true)]
     avx512_256: bool,
+    /// Prefill kernels for integer-dot matrices: `int` (byte planes through AVX-512 VNNI,
+    /// logits within ~1e-4 of f32), `f32` (FMA tiles), or `auto` (int where this CPU's
+    /// `vpdpbusd` outpaces its FMAs, measured at start).
+    #[arg(long, global = true, default_value = "auto")]
+    prefill: String,
     /// How KV caches store keys and values: f32 (default) or f16, which halves the bytes
     /// attention reads per token (decode 1.06× at 512 tokens of context on SmolLM2) and rounds
     /// each key and value once (SmolLM2's log-probs move by up to ~2e-2; llama.cpp's default),
@@ -95,6 +100,13 @@ fn main() {
     if cli.no_avx512 {
         forge_kernels::lutmm::intdot::set_avx512(false);
         forge_kernels::lutmm::intdot::set_wide(false);
+    }
+    match forge_kernels::lutmm::intdot::Prefill::parse(&cli.prefill) {
+        Ok(p) => forge_kernels::lutmm::intdot::set_prefill(p),
+        Err(e) => {
+            eprintln!("forge: --prefill: {e}");
+            std::process::exit(2);
+        }
     }
     if cli.avx512_256 {
         forge_kernels::lutmm::intdot::set_wide(false);

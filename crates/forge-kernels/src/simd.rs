@@ -160,6 +160,75 @@ pub fn has_avx512_kernels() -> bool {
     }
 }
 
+/// Multiply-adds per second of this core's 512-bit units, `(f32 FMA, byte vpdpbusd)`, from a
+/// probe of independent chains run once per process (about a millisecond); `None` without the
+/// AVX-512 kernels. The prefill picks its kernels by it: a Zen 4 core issues one 512-bit
+/// FMA or `vpdpbusd` a cycle (16 or 64 multiply-adds), the Xeons measured here two FMAs.
+pub fn dot_rates() -> Option<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static RATES: OnceLock<Option<(f64, f64)>> = OnceLock::new();
+        *RATES.get_or_init(|| {
+            if !has_avx512_kernels() {
+                return None;
+            }
+            let (mut f, mut d) = (f64::INFINITY, f64::INFINITY);
+            let n = 4096;
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                // SAFETY: AVX-512 F and VNNI were detected above.
+                std::hint::black_box(unsafe { probe_fma(n) });
+                f = f.min(t.elapsed().as_secs_f64());
+                let t = std::time::Instant::now();
+                // SAFETY: as above.
+                std::hint::black_box(unsafe { probe_dpbusd(n) });
+                d = d.min(t.elapsed().as_secs_f64());
+            }
+            let ops = (n * PROBE_CHAINS) as f64;
+            Some((ops * 16.0 / f.max(1e-9), ops * 64.0 / d.max(1e-9)))
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// Independent accumulator chains of the probe: enough to cover latency 4–5 at two a cycle.
+#[cfg(target_arch = "x86_64")]
+const PROBE_CHAINS: usize = 12;
+
+/// `n` rounds of [`PROBE_CHAINS`] independent 512-bit FMAs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn probe_fma(n: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (b, c) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3));
+    let mut a: [__m512; PROBE_CHAINS] = std::array::from_fn(|i| _mm512_set1_ps(i as f32));
+    for _ in 0..n {
+        for v in a.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, b, c);
+        }
+    }
+    a.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
+}
+
+/// `n` rounds of [`PROBE_CHAINS`] independent 512-bit `vpdpbusd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn probe_dpbusd(n: usize) -> i32 {
+    use std::arch::x86_64::*;
+    let (b, c) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+    let mut a: [__m512i; PROBE_CHAINS] = std::array::from_fn(|i| _mm512_set1_epi32(i as i32));
+    for _ in 0..n {
+        for v in a.iter_mut() {
+            *v = _mm512_dpbusd_epi32(*v, b, c);
+        }
+    }
+    a.iter().map(|&v| _mm512_reduce_add_epi32(v)).fold(0, i32::wrapping_add)
+}
+
 /// F16C with AVX2/FMA (FP16 weights widened in registers).
 #[inline]
 pub fn has_f16c() -> bool {

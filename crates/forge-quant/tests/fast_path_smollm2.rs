@@ -56,13 +56,23 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
         assert!(e < 1e-3, "token {i}: max |Δlogit| {e}");
         assert_eq!(argmax(&row), argmax(want), "argmax at token {i}");
     }
-    // A prefill block (T ≥ GEMM_MIN_T: decoded rows and f32 FMA tiles) and a verify-sized block (T = 5).
-    let mut s = q.model.new_session();
-    let head = q.model.forward(&mut s, &toks[..toks.len() - 5], Logits::All).unwrap();
-    let tail = q.model.forward(&mut s, &toks[toks.len() - 5..], Logits::All).unwrap();
-    for (i, (a, b)) in head.iter().chain(&tail).zip(&reference).enumerate() {
-        assert!((a - b).abs() < 1e-3, "block forward, logit {i}: {a} vs {b}");
+    // A prefill block (T ≥ GEMM_MIN_T) and a verify-sized block (T = 5), through each prefill
+    // kernel: byte planes through `vpdpbusd` (where the CPU has AVX-512 VNNI; f32 elsewhere)
+    // and weights decoded to f32 with FMA tiles.
+    let mut block_worst = Vec::new();
+    for p in [lutmm::intdot::Prefill::Int, lutmm::intdot::Prefill::F32] {
+        lutmm::intdot::set_prefill(p);
+        let mut s = q.model.new_session();
+        let head = q.model.forward(&mut s, &toks[..toks.len() - 5], Logits::All).unwrap();
+        let tail = q.model.forward(&mut s, &toks[toks.len() - 5..], Logits::All).unwrap();
+        let mut w = 0f32;
+        for (i, (a, b)) in head.iter().chain(&tail).zip(&reference).enumerate() {
+            assert!((a - b).abs() < 1e-3, "{p:?} block forward, logit {i}: {a} vs {b}");
+            w = w.max((a - b).abs());
+        }
+        block_worst.push((p, lutmm::intdot::prefill_isa(), w));
     }
-    eprintln!("{} tokens, worst decode |Δlogit| {worst:.2e}", toks.len());
+    lutmm::intdot::set_prefill(lutmm::intdot::Prefill::Auto);
+    eprintln!("{} tokens, worst decode |Δlogit| {worst:.2e}, blocks {block_worst:?}", toks.len());
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -79,6 +79,72 @@ pub fn set_wide(on: bool) {
     WIDE.store(on, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// How prefill (from [`GEMM_MIN_T`] rows) multiplies integer-dot matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefill {
+    /// Byte planes where the CPU's `vpdpbusd` outpaces its f32 FMAs by a margin (measured,
+    /// [`crate::simd::dot_rates`]), else f32 tiles (default).
+    Auto,
+    /// Byte planes through `vpdpbusd` (AVX-512 VNNI; elsewhere f32).
+    Int,
+    /// Weights decoded to f32, FMA tiles.
+    F32,
+}
+
+impl Prefill {
+    pub fn parse(s: &str) -> anyhow::Result<Prefill> {
+        match s {
+            "auto" => Ok(Prefill::Auto),
+            "int" => Ok(Prefill::Int),
+            "f32" => Ok(Prefill::F32),
+            _ => anyhow::bail!("unknown prefill kernels {s:?} (auto, int or f32)"),
+        }
+    }
+}
+
+static PREFILL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Which kernels prefill takes from now on (process-wide; [`Prefill::Auto`] by default).
+pub fn set_prefill(p: Prefill) {
+    PREFILL.store(p as u8, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether prefill takes the byte planes ([`prefill::gemm_many_int`]) here. In auto mode they
+/// must promise 1.15× the f32 multiply-adds: their three `vpdpbusd` per 64 give 21⅓ a
+/// instruction against an FMA's 16, and they cost a little more around the products.
+fn int_prefill() -> bool {
+    if !avx512() {
+        return false;
+    }
+    match PREFILL.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => crate::simd::dot_rates().is_some_and(|(f, d)| d / 3.0 > 1.15 * f),
+        1 => true,
+        _ => false,
+    }
+}
+
+/// Prefill's kernels here, for reports.
+pub fn prefill_isa() -> &'static str {
+    if int_prefill() {
+        "byte planes, vpdpbusd"
+    } else if cfg!(target_arch = "x86_64") && simd_f32_wide() {
+        "f32 tiles, 16 wide"
+    } else {
+        "f32 tiles"
+    }
+}
+
+fn simd_f32_wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512_f32()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The instruction sets the integer kernels run on here, for reports.
 pub fn isa() -> &'static str {
     match (crate::simd::has_avx2_fma(), avx512(), wide()) {
@@ -688,6 +754,10 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
         assert_eq!(y.len(), t * m.cout, "y has {} values, expected {t}×{}", y.len(), m.cout);
     }
     let simd = simd && crate::simd::has_int_simd();
+    #[cfg(target_arch = "x86_64")]
+    if simd && int_prefill() && prefill::gemm_many_int(true, ms, x, t, ys) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if simd && avx512_f32() {
         return gemm_many_cols(ms, x, t, ys);
@@ -1358,6 +1428,8 @@ impl Args {
 #[cfg(target_arch = "x86_64")]
 mod zmm;
 
+pub(crate) mod prefill;
+
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -1558,7 +1630,7 @@ mod avx2 {
     /// The chunk at `p` as `nw(K)` vectors of 32 weights in column order (signed, or `w + 128`
     /// with tables from `tabs(.., true)`).
     #[inline(always)]
-    unsafe fn weights<const K: u8>(p: *const u8, tb: &Tabs) -> [__m256i; 2] {
+    pub(super) unsafe fn weights<const K: u8>(p: *const u8, tb: &Tabs) -> [__m256i; 2] {
         let zero = _mm256_setzero_si256();
         match K {
             LUT4 | LUT4X => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],

@@ -755,3 +755,130 @@ fn shared_calls_cut_into_guided_tasks_cover_every_row_once() {
         }
     }
 }
+
+#[test]
+fn integer_prefill_equals_its_scalar_reference_and_dense() {
+    // The byte-plane prefill: the AVX-512 kernels (where the CPU has them) give the scalar
+    // reference's bits, and the reference is within the activations' three-plane bound of
+    // dequantize-then-matmul. Ragged panels (outputs not a multiple of 16), ragged tiles of rows
+    // (T not a multiple of 8), padded inputs, several blocks (cin > 2048), every format and both
+    // vec2x64 layouts, matrices sharing one input.
+    use intdot::prefill::gemm_many_int;
+    use intdot::set_avx512;
+    let mut rng = Rng(17);
+    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        for &(cout, cin) in &[(2, 1), (18, 37), (64, 576), (34, 2100), (16, 4200)] {
+            for avx512 in [true, false] {
+                set_avx512(avx512);
+                let (d, w) = if format == Format::Int8 {
+                    let m = random_int8(cout, cin, &mut rng);
+                    (intdot::DotMatrix::from_int8(&m), m.reconstruct())
+                } else {
+                    let m = random_lut_int(format, cout, cin, &mut rng);
+                    (intdot::DotMatrix::from_lut(&m).unwrap(), m.reconstruct())
+                };
+                set_avx512(true);
+                let d2 = intdot::DotMatrix::from_int8(&random_int8(10, cin, &mut rng));
+                let w2 = {
+                    let mut v = vec![0f32; 10 * cin];
+                    d2.decode_rows(0, 10, &mut v);
+                    v
+                };
+                for t in [1, 8, 17, 21] {
+                    let mut x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
+                    // An outlier in the first row, to give its block a coarse scale.
+                    x[0] = 40.0;
+                    let label = format!("{format:?} {cout}x{cin} t={t} avx512={avx512}");
+                    let (mut ys, mut ys2) = (vec![f32::NAN; t * cout], vec![f32::NAN; t * 10]);
+                    assert!(gemm_many_int(false, &[&d, &d2], &x, t, &mut [&mut ys, &mut ys2]));
+                    check_quantized_x(
+                        &format!("{label} scalar vs dense"),
+                        &ys,
+                        &matmul_ref(&x, t, &w, cout, cin),
+                        &x,
+                        &w,
+                        t,
+                        cout,
+                        cin,
+                    );
+                    check_quantized_x(
+                        &format!("{label} second"),
+                        &ys2,
+                        &matmul_ref(&x, t, &w2, 10, cin),
+                        &x,
+                        &w2,
+                        t,
+                        10,
+                        cin,
+                    );
+                    let (mut ya, mut ya2) = (vec![f32::NAN; t * cout], vec![f32::NAN; t * 10]);
+                    assert!(gemm_many_int(true, &[&d, &d2], &x, t, &mut [&mut ya, &mut ya2]));
+                    for (i, (a, b)) in ya.iter().chain(&ya2).zip(ys.iter().chain(&ys2)).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{label} simd vs scalar, value {i}: {a} vs {b}");
+                    }
+                }
+                // A non-finite activation: nothing is claimed, the caller multiplies in f32.
+                let mut x: Vec<f32> = (0..2 * cin).map(|_| rng.f()).collect();
+                x[cin] = f32::NAN;
+                let mut y = vec![0f32; 2 * cout];
+                assert!(!gemm_many_int(true, &[&d], &x, 2, &mut [&mut y]));
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_prefill_planes_on_avx512_equal_the_scalar_code_and_rebuild_the_input() {
+    // The AVX-512 quantizer gives the scalar code's planes and blocks, and the planes rebuild
+    // each value within its block's bound: |x − s₁·(256h + l) − s₂·q₂| ≤ max|x| / (32639 · 254),
+    // half for the second plane's rounding and half for the f32 residual `x − s₁·q₁`. Widths with tails of the 16-wide
+    // steps and several blocks; rows with an outlier, with zeros, with huge and tiny values.
+    use intdot::prefill::PlaneX;
+    let mut rng = Rng(19);
+    for &cin in &[1usize, 15, 37, 576, 2048, 2049, 4200] {
+        let cin_pad = cin.div_ceil(32) * 32;
+        let t = 5;
+        let mut x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
+        x[0] = 300.0;
+        x[cin..2 * cin].fill(0.0);
+        x[2 * cin..3 * cin].iter_mut().for_each(|v| *v *= 1e30);
+        x[3 * cin..4 * cin].iter_mut().for_each(|v| *v *= 1e-25);
+        let (mut a, mut b) = (PlaneX::default(), PlaneX::default());
+        assert!(a.fill(false, &x, t, cin, cin_pad));
+        assert!(b.fill(true, &x, t, cin, cin_pad));
+        assert_eq!(a.x, b.x, "cin {cin}: planes");
+        assert_eq!(a.blocks, b.blocks, "cin {cin}: scales and corrections");
+        let nb = a.nblocks;
+        for r in 0..t {
+            let p = &a.x[r * 3 * cin_pad..(r + 1) * 3 * cin_pad];
+            for c in 0..cin_pad {
+                let blk = a.blocks[r * nb + c / 2048];
+                let (h, l, q) = (p[c] as f32, p[cin_pad + c] as f32, p[2 * cin_pad + c] as f32);
+                // Rebuilt in f64, so that only the quantization's own error counts.
+                let back = blk.s[0] as f64 * h as f64 + blk.s[1] as f64 * l as f64 + blk.s[2] as f64 * q as f64;
+                let v = if c < cin { x[r * cin + c] as f64 } else { 0.0 };
+                let (b0, b1) = ((c / 2048) * 2048, ((c / 2048 + 1) * 2048).min(cin));
+                let m = x[r * cin..(r + 1) * cin]
+                    .get(b0..b1)
+                    .unwrap_or(&[])
+                    .iter()
+                    .fold(0f64, |a, v| a.max(v.abs() as f64));
+                assert!((back - v).abs() <= m / (32639.0 * 254.0) * 1.01, "cin {cin} row {r} col {c}: {back} vs {v}");
+            }
+            for (bi, blk) in a.blocks[r * nb..(r + 1) * nb].iter().enumerate() {
+                let cols = bi * 2048..((bi + 1) * 2048).min(cin_pad);
+                for (pl, &corr) in blk.corr.iter().enumerate() {
+                    let s: i32 = p[pl * cin_pad..][cols.clone()].iter().map(|&c| c as i32).sum();
+                    assert_eq!(corr, 128 * s, "cin {cin} row {r} block {bi} plane {pl}");
+                }
+            }
+        }
+        // A non-finite value, or a block too small to scale, refuses the planes.
+        for bad in [f32::NAN, f32::INFINITY, 1e-36] {
+            let mut y = x.clone();
+            y[cin..2 * cin].fill(0.0);
+            y[cin + cin / 2] = bad;
+            assert!(!a.fill(true, &y, t, cin, cin_pad) && !a.fill(false, &y, t, cin, cin_pad), "{bad}");
+        }
+    }
+}
