@@ -38,9 +38,54 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `s_j ← e^(s_j − m)` for every value, returning `Σ_j e^(s_j − m)` (attention's softmax
+/// weights before normalizing). With AVX2 all of them through the vector `exp` (a ragged
+/// tail padded with −∞), summed in eight lanes; else libm's `exp`, summed in order.
+pub fn exp_shifted_sum(s: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma() {
+        // SAFETY: AVX2/FMA present.
+        return unsafe { avx2::exp_shifted_sum(s, m) };
+    }
+    let mut l = 0f32;
+    for v in s.iter_mut() {
+        *v = (*v - m).exp();
+        l += *v;
+    }
+    l
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// [`super::exp_shifted_sum`], eight values at a time.
+    ///
+    /// # Safety
+    /// AVX2/FMA must be present.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_shifted_sum(s: &mut [f32], m: f32) -> f32 {
+        let mv = _mm256_set1_ps(m);
+        let mut acc = _mm256_setzero_ps();
+        let mut chunks = s.chunks_exact_mut(8);
+        for c in &mut chunks {
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        let tail = chunks.into_remainder();
+        if !tail.is_empty() {
+            let mut t = [f32::NEG_INFINITY; 8];
+            t[..tail.len()].copy_from_slice(tail);
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(t.as_ptr()), mv));
+            _mm256_storeu_ps(t.as_mut_ptr(), e);
+            tail.copy_from_slice(&t[..tail.len()]);
+            acc = _mm256_add_ps(acc, e);
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), acc);
+        ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+    }
 
     /// `exp(x)` for eight lanes: Cody–Waite reduction by `ln 2` and Cephes' degree-6
     /// polynomial (as in `expf`), 0 below −87.34, ∞ above 88.72, NaN kept.
@@ -177,6 +222,26 @@ mod tests {
             }
         }
         assert!(worst <= 2.0, "worst {worst} ulp");
+    }
+
+    #[test]
+    fn shifted_exp_sum_matches_libm() {
+        // Every length through the eight-wide steps and a padded tail: each weight within
+        // 2 ulp of libm's e^(s − m) (0 for −∞), the sum within f32 rounding of the f64 sum.
+        for n in [0usize, 1, 7, 8, 9, 31, 64, 515] {
+            let s: Vec<f32> =
+                (0..n).map(|i| if i % 13 == 5 { f32::NEG_INFINITY } else { ((i * 37) % 101) as f32 * -0.9 }).collect();
+            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut v = s.clone();
+            let l = exp_shifted_sum(&mut v, m);
+            let mut want = 0f64;
+            for (&x, &y) in s.iter().zip(&v) {
+                let e = (x - m).exp();
+                want += e as f64;
+                assert!(ulps(y, e) <= 2.0 || (y - e).abs() <= 1e-37, "e^({x} − {m}) = {y}, libm {e}");
+            }
+            assert!((l as f64 - want).abs() <= 1e-6 * want.max(1e-30), "n {n}: sum {l} vs {want}");
+        }
     }
 
     #[test]

@@ -259,12 +259,9 @@ fn exp_shifted(s: &mut [f32]) -> (f32, f32) {
         s.iter_mut().for_each(|v| *v = 0.0);
         return (m, 0.0);
     }
-    let mut l = 0f32;
-    for v in s.iter_mut() {
-        *v = (*v - m).exp();
-        l += *v;
-    }
-    (m, l)
+    // Through the vector `exp` (2 ulp of libm's): against libm's `exp` one value at a time,
+    // SmolLM2's 512-token prefill ran 1.06× (16 pairs alternated in one process).
+    (m, crate::act::exp_shifted_sum(s, m))
 }
 
 /// The parts of [`attend_part`] made one. `slots` holds each part's outputs (`out.len()`
