@@ -19,7 +19,7 @@
 //! to the previous blocks), which the scalar reference follows, so SIMD and reference agree bit
 //! for bit.
 
-use super::{DotMatrix, Kind, CHUNK};
+use super::{DotMatrix, CHUNK};
 
 /// Input columns sharing one set of activation scales: `PBLOCK · 255 · 128 < 2³¹`.
 pub(crate) const PBLOCK: usize = 2048;
@@ -30,6 +30,7 @@ const XMAX2: f32 = 127.0;
 /// Output rows per panel (the 32-bit lanes of a 512-bit vector).
 pub(crate) const PANEL: usize = 16;
 /// Activation rows per tile: 8 rows × 3 planes = 24 accumulators of 32 registers.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const TILE_T: usize = 8;
 
 /// One block of one activation row: `s = (256·s₁, s₁, s₂)`, and `corr` the `128 · Σ` of each
@@ -297,7 +298,8 @@ pub(crate) fn gemm_many_int(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::avx2::{chunk_bytes, nw, tabs, weights, INT8X, LUT4X, VEC16X, VEC64S, VEC64X};
-    use super::{DotMatrix, Kind, PlaneX, CHUNK, PANEL, PBLOCK, TILE_T, XMAX1, XMAX2};
+    use super::super::Kind;
+    use super::{DotMatrix, PlaneX, CHUNK, PANEL, PBLOCK, TILE_T, XMAX1, XMAX2};
     use std::arch::x86_64::*;
 
     /// # Safety
