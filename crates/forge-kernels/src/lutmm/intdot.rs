@@ -127,7 +127,7 @@ fn int_prefill() -> bool {
 pub fn prefill_isa() -> &'static str {
     if int_prefill() {
         "byte planes, vpdpbusd"
-    } else if cfg!(target_arch = "x86_64") && simd_f32_wide() {
+    } else if simd_f32_wide() {
         "f32 tiles, 16 wide"
     } else {
         "f32 tiles"
