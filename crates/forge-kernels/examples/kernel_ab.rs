@@ -9,6 +9,8 @@
 //! as the runtime takes it; threads from `RAYON_NUM_THREADS`; `cold`: calls cycle through
 //! copies of the matrix adding up to four times the last-level cache, so that the weights come
 //! from memory, and each round takes the median of its calls' speeds' inverse, not the best).
+//! `EXP=N` sets the switch to N instead of 1 in variant 1's rounds (several experiments in one
+//! build); `NOAVX512=1` keeps the integer kernels to AVX2, as `forge --no-avx512` does.
 
 use forge_kernels::lut::Format;
 use forge_kernels::lutmm::intdot::{matmul_many, QuantX};
@@ -22,6 +24,12 @@ fn main() {
     let t: usize = args.get(2).map(|s| s.parse().expect("rows")).unwrap_or(1);
     let rounds: usize = args.get(3).map(|s| s.parse().expect("rounds")).unwrap_or(30);
     let cold = args.get(4).is_some_and(|s| s == "cold");
+    // EXP=N: variant "1" of the switch is the value N (several experiments in one build).
+    let exp: usize = std::env::var("EXP").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    if std::env::var("NOAVX512").is_ok() {
+        forge_kernels::lutmm::intdot::set_avx512(false);
+        forge_kernels::lutmm::intdot::set_wide(false);
+    }
     let mut rng = common::Rng::new();
     let x = rng.activations(t * cin);
     let qx = QuantX::new(&x, t, cin);
@@ -44,7 +52,7 @@ fn main() {
         for r in 0..rounds {
             for k in 0..2 {
                 let v = (r + k) % 2;
-                forge_kernels::experiment::set(v);
+                forge_kernels::experiment::set(v * exp);
                 let t0 = Instant::now();
                 for d in ds.iter().cycle().take(reps) {
                     if forge_kernels::lutmm::intdot::f32_path(t) {

@@ -1468,11 +1468,25 @@ mod avx2 {
     pub(super) const INT8X: u8 = INT8 | X512;
     /// Chunks per activation block.
     pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
-    /// How far ahead of the weight stream the decode kernels prefetch, bytes. On matrices read
-    /// from memory (17408×5120, copies cycled through 512 MiB, 2 threads, five alternated
-    /// rounds), 8 KiB read 1.16× (lut4), 1.13× (vec2x64), 1.11× (INT8) and 1.03× (vec2x16) what
-    /// 2 KiB did; 16 KiB was no better than 2.
-    pub(super) const PREFETCH: usize = 8192;
+    /// How far ahead of the weight stream the decode kernels prefetch, bytes, and into which
+    /// cache. On matrices read from memory (17408×5120, copies cycled through 512 MiB, 2
+    /// threads, five alternated rounds; ninth session), 8 KiB read 1.16× (lut4), 1.13× (vec2x64),
+    /// 1.11× (INT8) and 1.03× (vec2x16) what 2 KiB did into L1, and 16 KiB was no better than 2.
+    /// Into L2 instead (the twenty-second session, a Zen 4, `kernel_ab … cold`, 9 alternated
+    /// rounds each) the 512-bit kernels read 1.47–1.51× (lut4), 1.18–1.20× (vec2x16),
+    /// 1.18–1.31× (vec2x64) and 1.50–1.51× (INT8) of the L1 requests, INT8 at 29–32 GB/s: a
+    /// request into L1 holds one of its few miss buffers until the line arrives, so the
+    /// requests in flight, not the memory, set the pace. 16 KiB into L2 read 1.00–1.13× of
+    /// 8 KiB; 24 and 32 KiB matched 16, and adding an L1 request 1–2 KiB ahead lost 3–10 %.
+    pub(super) const PREFETCH: usize = 16384;
+
+    /// Asks for the weight line `PREFETCH` bytes past `p` to be brought into L2 (a hint: any
+    /// address will do).
+    #[inline(always)]
+    pub(super) unsafe fn prefetch_l2(p: *const u8) {
+        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH) as *const i8)
+    }
+
     /// Most activation rows per kernel call (more are split).
     pub(super) const MAX_T: usize = super::GEMM_MIN_T - 1;
 
@@ -2134,9 +2148,18 @@ mod avx2 {
         i: usize,
         acc: &mut [[[__m256i; 2]; 2]; T],
     ) {
-        // One request per cache line of the group (INT8's four chunks span two).
+        // One request per cache line of the group (INT8's four chunks span two). The kinds
+        // that read faster than they compute ask for L2 as the 512-bit kernels do (on the Zen 4
+        // with these AVX2 kernels, 17408×5120 from memory: INT8 1.22–1.26×, lut4 1.02–1.07×);
+        // vec2x16 and vec2x64, bound by their instructions here, lost 6–20 % that way, since
+        // their loads then wait on L2: they keep 8 KiB into L1.
         for line in (0..U * chunk_bytes(K)).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(i * chunk_bytes(K) + line + PREFETCH) as *const i8);
+            let p = row.wrapping_add(i * chunk_bytes(K) + line);
+            if nw(K) == 1 {
+                prefetch_l2(p);
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(8192) as *const i8);
+            }
         }
         let mut ws = [[_mm256_setzero_si256(); 2]; U];
         for (u, w) in ws.iter_mut().enumerate() {

@@ -24,8 +24,8 @@
 //! 256-bit code, on the plain layout (and lanes) that `QuantX` keeps for it.
 
 use super::avx2::{
-    chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, reduce, reduce8, six_shifts256, tabs, Tabs,
-    INT8X, LUT4X, PER_BLOCK, PREFETCH, VEC16X, VEC64S, VEC64X,
+    chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, prefetch_l2, reduce, reduce8, six_shifts256,
+    tabs, Tabs, INT8X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
 };
 use super::{Args, DecodeArgs, CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -165,15 +165,15 @@ unsafe fn mac_pair<const P: usize>(acc: &mut [__m512i; 3], w: __m512i, xhl: *con
     }
 }
 
-/// Prefetches the weights `PREFETCH` bytes past the `span` bytes at `p`, one request per
-/// cache line. On cold 17408×5120 matrices, 2 threads, rounds alternated in one process:
+/// Prefetches the weights `PREFETCH` bytes past the `span` bytes at `p` into L2, one request
+/// per cache line. On cold 17408×5120 matrices, 2 threads, rounds alternated in one process:
 /// vec2x16 1.10×, vec2x64 1.04×, INT8 1.02×, lut4 0.97–1.02× the previous request per pair of
 /// chunks, which for lut4 and vec2x16 asked for each line twice.
 #[inline(always)]
 unsafe fn prefetch_lines(p: *const u8, span: usize) {
     let mut o = 0;
     while o < span {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + o) as *const i8);
+        prefetch_l2(p.wrapping_add(o));
         o += 64;
     }
 }
@@ -227,7 +227,7 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
         }
         while i < np {
             let p = row.add(2 * i * cb);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+            prefetch_l2(p);
             let w = weights2::<K>(p, tb);
             for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                 mac_pair::<P>(&mut acc[0][v], wv, xhl.add(i * 4 * CHUNK), x2.add(i));
