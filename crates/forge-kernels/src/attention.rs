@@ -479,7 +479,8 @@ mod tests {
     #[test]
     fn merged_parts_match_the_definition_in_any_order_of_work() {
         // A long history in many parts; the parts computed last to first give the same bits,
-        // and an empty part (as prefill's earlier tokens leave) changes nothing.
+        // and an empty part (as verify's earlier tokens leave) changes nothing: prefill's items
+        // (`attend_group`) and decode's or verify's (parts, then `merge_parts`) agree.
         let (d, g, n) = (64usize, 3usize, 517usize);
         assert!(n_parts(n) > 4);
         let keys = data(n * d, 11);

@@ -1472,12 +1472,12 @@ mod avx2 {
     /// cache. On matrices read from memory (17408×5120, copies cycled through 512 MiB, 2
     /// threads, five alternated rounds; ninth session), 8 KiB read 1.16× (lut4), 1.13× (vec2x64),
     /// 1.11× (INT8) and 1.03× (vec2x16) what 2 KiB did into L1, and 16 KiB was no better than 2.
-    /// Into L2 instead (the twenty-second session, a Zen 4, `kernel_ab … cold`, 9 alternated
-    /// rounds each) the 512-bit kernels read 1.47–1.51× (lut4), 1.18–1.20× (vec2x16),
-    /// 1.18–1.31× (vec2x64) and 1.50–1.51× (INT8) of the L1 requests, INT8 at 29–32 GB/s: a
+    /// Into L2 instead (the twenty-second session, a Zen 4, `kernel_ab … cold`, seven runs of 9
+    /// alternated rounds) the 512-bit kernels read 1.26–1.51× (lut4), 1.14–1.26× (vec2x16),
+    /// 1.16–1.31× (vec2x64) and 1.47–1.52× (INT8) of the L1 requests, INT8 at 29–32 GB/s: a
     /// request into L1 holds one of its few miss buffers until the line arrives, so the
-    /// requests in flight, not the memory, set the pace. 16 KiB into L2 read 1.00–1.13× of
-    /// 8 KiB; 24 and 32 KiB matched 16, and adding an L1 request 1–2 KiB ahead lost 3–10 %.
+    /// requests in flight, not the memory, set the pace. 16 KiB into L2 read 1.02–1.12× of
+    /// 8 KiB; 24 and 32 KiB matched 16, and adding an L1 request 1–2 KiB ahead was no better.
     pub(super) const PREFETCH: usize = 16384;
 
     /// Asks for the weight line `PREFETCH` bytes past `p` to be brought into L2 (a hint: any
