@@ -163,7 +163,8 @@ pub fn attend_group<K: KvElem, V: KvElem>(
     assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
     assert!(scores.len() >= g * kv.n, "scores has {} slots for {g}×{}", scores.len(), kv.n);
     let (parts, slot) = (n_parts(kv.n), out.len() + 2 * g);
-    let mut slots = crate::scratch::Buf::zeros(parts * slot);
+    // Every part writes its whole slot (an empty one zeros and `(−∞, 0)`).
+    let mut slots = crate::scratch::Buf::for_overwrite(parts * slot);
     for (p, sl) in slots.chunks_mut(slot).enumerate() {
         let (o, st) = sl.split_at_mut(out.len());
         attend_part(q, d, kv.part(p), scale, scores, o, st);
