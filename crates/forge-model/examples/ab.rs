@@ -6,7 +6,8 @@
 //!
 //! `cargo run --release -p forge-model --example ab -- EXPORT [pairs] [P] [G] [KV]`
 //! (threads from `RAYON_NUM_THREADS`). With `KV` (`f16` or `v8`), variant 1 also runs with that
-//! KV cache type and variant 0 with f32.
+//! KV cache type and variant 0 with f32. `EXP=N` sets the switch to N instead of 1 in variant
+//! 1's runs (several experiments in one build).
 
 use forge_model::model::Logits;
 use std::time::Instant;
@@ -23,8 +24,9 @@ fn main() -> anyhow::Result<()> {
     let p: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
     let g: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
     let kv1 = args.get(5).map(|s| forge_model::session::KvDtype::parse(s)).transpose()?;
+    let exp: usize = std::env::var("EXP").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     let set = |v: usize| {
-        forge_kernels::experiment::set(v);
+        forge_kernels::experiment::set(v * exp);
         if let Some(d) = kv1 {
             forge_model::session::set_kv_dtype(if v == 1 { d } else { forge_model::session::KvDtype::F32 });
         }
