@@ -1480,6 +1480,10 @@ mod avx2 {
     /// 8 KiB; 24 and 32 KiB matched 16, and adding an L1 request 1–2 KiB ahead was no better.
     pub(super) const PREFETCH: usize = 16384;
 
+    /// How far ahead the AVX2 kernels of the vector kinds ask for weights, into L1 (see
+    /// `chunk_group`): the distance all decode kernels used until the L2 requests.
+    const PREFETCH_L1: usize = 8192;
+
     /// Asks for the weight line `PREFETCH` bytes past `p` to be brought into L2 (a hint: any
     /// address will do).
     #[inline(always)]
@@ -2152,13 +2156,13 @@ mod avx2 {
         // that read faster than they compute ask for L2 as the 512-bit kernels do (on the Zen 4
         // with these AVX2 kernels, 17408×5120 from memory: INT8 1.22–1.26×, lut4 1.02–1.07×);
         // vec2x16 and vec2x64, bound by their instructions here, lost 6–20 % that way, since
-        // their loads then wait on L2: they keep 8 KiB into L1.
+        // their loads then wait on L2: they keep `PREFETCH_L1` into L1.
         for line in (0..U * chunk_bytes(K)).step_by(64) {
             let p = row.wrapping_add(i * chunk_bytes(K) + line);
             if nw(K) == 1 {
                 prefetch_l2(p);
             } else {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(8192) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_L1) as *const i8);
             }
         }
         let mut ws = [[_mm256_setzero_si256(); 2]; U];
