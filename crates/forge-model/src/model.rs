@@ -485,7 +485,9 @@ impl Model {
                 let (o, st) = sl.split_at_mut(gsize);
                 one(k / (kvh * parts), k / parts % kvh, Some((k % parts, st)), scores, o);
             };
-            let mut slots = Buf::zeros(items * slot);
+            // Every item writes its whole slot (an empty part zeros and `(−∞, 0)`), and every
+            // score before it is read.
+            let mut slots = Buf::for_overwrite(items * slot);
             let ssize = group * part_len(pos0 + t);
             // Fork only when there is enough work to pay for it (not for decode at short context).
             if fork((pos0 + t) * t * nh * hd) {
@@ -494,12 +496,12 @@ impl Model {
                 // scratch of their own.
                 let per = if items <= 8 * threads { 1 } else { items.div_ceil(4 * threads) };
                 let tasks = items.div_ceil(per);
-                let mut scores = Buf::zeros(tasks * ssize);
+                let mut scores = Buf::for_overwrite(tasks * ssize);
                 par_chunks2_mut(&mut slots, per * slot, &mut scores, ssize, &|k, sl, sc| {
                     sl.chunks_mut(slot).enumerate().for_each(|(j, s)| item(sc, k * per + j, s));
                 });
             } else {
-                let mut scores = Buf::zeros(ssize);
+                let mut scores = Buf::for_overwrite(ssize);
                 slots.chunks_mut(slot).enumerate().for_each(|(k, s)| item(&mut scores, k, s));
             }
             for (o, sl) in out.chunks_mut(gsize).zip(slots.chunks(parts * slot)) {
