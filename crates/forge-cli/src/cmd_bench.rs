@@ -409,7 +409,7 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
     // Each format in the integer-dot layout (codebooks on the 8-bit grid, as the quantizer
     // writes them) and in the float tile layout (any codebook).
     let mut cases: Vec<(Format, bool)> = Vec::new();
-    for f in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+    for f in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
         cases.push((f, true));
     }
     for f in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {

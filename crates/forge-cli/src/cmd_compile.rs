@@ -51,10 +51,7 @@ pub fn run(a: Args) -> Result<()> {
             r.matrices,
             r.bytes as f64 / (1 << 20) as f64,
             if r.tiles > 0 {
-                format!(
-                    "; {} keep the float tile kernels, packed at load (lut2/lut3, which have no integer-dot kernel, or codebooks off the 8-bit grid)",
-                    r.tiles
-                )
+                format!("; {} keep the float tile kernels, packed at load (codebooks off the 8-bit grid)", r.tiles)
             } else {
                 String::new()
             }

@@ -6,7 +6,6 @@
 //! (`rows` activation rows, default 1: decode; 2–15 time the verify kernels; the matrix rows
 //! are split across the pool's threads as in `forge`, `RAYON_NUM_THREADS` sets them).
 
-use forge_kernels::lut::Format;
 use forge_kernels::lutmm::intdot::{self, matmul_many, QuantX};
 use std::time::Instant;
 
@@ -25,7 +24,7 @@ fn main() {
     let paired = QuantX::new(&x, t, cin);
     println!("{cout}x{cin}, {} thread(s), paired layout: {}", rayon::current_num_threads(), paired.paired);
     println!("{:8} {:>10} {:>10} {:>7}", "format", "256 GB/s", "512 GB/s", "ratio");
-    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+    for format in common::formats() {
         let d = rng.dot_matrix(format, cout, cin);
         let bytes = d.packed_bytes() as f64;
         let mut y = vec![0f32; t * cout];

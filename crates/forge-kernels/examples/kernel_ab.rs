@@ -10,9 +10,8 @@
 //! copies of the matrix adding up to four times the last-level cache, so that the weights come
 //! from memory, and each round takes the median of its calls' speeds' inverse, not the best).
 //! `EXP=N` sets the switch to N instead of 1 in variant 1's rounds (several experiments in one
-//! build); `NOAVX512=1` keeps the integer kernels to AVX2, as `forge --no-avx512` does.
+//! build); `FORMATS=lut3,lut2` picks the formats (default: every integer-dot one); `NOAVX512=1` keeps the integer kernels to AVX2, as `forge --no-avx512` does.
 
-use forge_kernels::lut::Format;
 use forge_kernels::lutmm::intdot::{matmul_many, QuantX};
 use std::time::Instant;
 
@@ -39,7 +38,7 @@ fn main() {
         if cold { "median" } else { "best" },
         if cold { format!(", copies through {} MiB", common::cold_bytes() >> 20) } else { String::new() }
     );
-    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+    for format in common::formats() {
         let d = rng.dot_matrix(format, cout, cin);
         let bytes = d.packed_bytes() as f64;
         let copies = if cold { (common::cold_bytes() / d.packed_bytes()).max(2) } else { 1 };

@@ -26,7 +26,8 @@ use std::sync::Arc;
 
 pub const CACHE_FILE: &str = "packed.forgecache";
 /// 3: 16 bytes of slack after each matrix's index rows (was 8), and vec2x64's layout recorded.
-const VERSION: &str = "3";
+/// 4: lut2 and lut3 matrices in the integer-dot layout (they took the float tiles, uncached).
+const VERSION: &str = "4";
 
 /// The metadata entry naming vec2x64's index layout, and its values.
 const VEC64_LAYOUT: &str = "vec2x64_layout";

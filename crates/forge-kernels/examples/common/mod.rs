@@ -59,6 +59,16 @@ impl Rng {
     }
 }
 
+/// The formats named by `FORMATS` (comma-separated, e.g. `lut3,lut2`), else every format with
+/// integer-dot kernels.
+#[allow(dead_code)] // read by the A/B examples only
+pub fn formats() -> Vec<Format> {
+    match std::env::var("FORMATS") {
+        Ok(s) => s.split(',').map(|f| Format::parse(f).expect("FORMATS")).collect(),
+        Err(_) => vec![Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8],
+    }
+}
+
 /// Bytes of matrix copies a `cold` run cycles through: four times the largest cache Linux
 /// reports for CPU 0, at least 512 MiB, so that each call reads its weights from memory.
 #[allow(dead_code)] // read by the examples with a `cold` mode only

@@ -18,6 +18,10 @@
 //! - vec2x64: those 16 bytes for the low 4 index bits, then 8 bytes for the top 2 bits: bit 5
 //!   of the index of `m = 8q + r` is bit `7 − 2q` of byte `r`, bit 4 is bit `6 − 2q` (a
 //!   broadcast and a 64-bit variable shift by `2q` bring both to the top of byte `m`).
+//! - lut2: 8 bytes, byte `b` holding the indices of `m = b, 8 + b, 16 + b, 24 + b` at bits
+//!   0–1, 2–3, 4–5, 6–7 (one 64-bit variable shift of a broadcast brings each to its byte).
+//! - lut3: lut2's 8 bytes for the low two index bits, then a 32-bit word with bit 2 of each
+//!   index (see [`hi_bit`]).
 //! - int8: the 32 weights.
 //!
 //! A 64-entry vec2x64 table is four 16-entry tables: four `pshufb` lookups with the low index
@@ -207,6 +211,8 @@ const XMAX2: f32 = 63.0;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Lut4,
+    Lut3,
+    Lut2,
     Vec2x16,
     Vec2x64,
     Int8,
@@ -217,6 +223,8 @@ impl Kind {
     fn of(format: Format) -> Option<Kind> {
         match format {
             Format::Lut4 => Some(Kind::Lut4),
+            Format::Lut3 => Some(Kind::Lut3),
+            Format::Lut2 => Some(Kind::Lut2),
             Format::Vec2x16 => Some(Kind::Vec2x16),
             Format::Vec2x64 => Some(Kind::Vec2x64),
             Format::Int8 => Some(Kind::Int8),
@@ -227,6 +235,8 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Lut4 => "lut4",
+            Kind::Lut3 => "lut3",
+            Kind::Lut2 => "lut2",
             Kind::Vec2x16 => "vec2x16",
             Kind::Vec2x64 => "vec2x64",
             Kind::Int8 => "int8",
@@ -234,7 +244,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> anyhow::Result<Kind> {
-        [Kind::Lut4, Kind::Vec2x16, Kind::Vec2x64, Kind::Int8]
+        [Kind::Lut4, Kind::Lut3, Kind::Lut2, Kind::Vec2x16, Kind::Vec2x64, Kind::Int8]
             .into_iter()
             .find(|k| k.name() == s)
             .ok_or_else(|| anyhow::anyhow!("unknown integer-dot layout '{s}'"))
@@ -242,8 +252,8 @@ impl Kind {
 
     fn n_tables(self) -> usize {
         match self {
-            Kind::Lut4 => 1,
-            Kind::Vec2x16 => 2,
+            Kind::Lut4 | Kind::Lut2 => 1,
+            Kind::Lut3 | Kind::Vec2x16 => 2,
             Kind::Vec2x64 => 8,
             Kind::Int8 => 0,
         }
@@ -252,6 +262,8 @@ impl Kind {
     fn chunk_bytes(self) -> usize {
         match self {
             Kind::Lut4 | Kind::Vec2x16 => 16,
+            Kind::Lut3 => 12,
+            Kind::Lut2 => 8,
             Kind::Vec2x64 => 24,
             Kind::Int8 => 32,
         }
@@ -269,6 +281,13 @@ impl Kind {
             _ => 1,
         }
     }
+}
+
+/// Bit of a lut3 chunk's 32-bit word (bytes 8–11) that holds bit 2 of column `m = 4d + k`'s
+/// index: `8k + 7 − d`, so that shifting 32-bit word `d` of a broadcast left by `d` puts it at
+/// the top of byte `k` (`vpblendvb` and `vpmovb2m` read that bit).
+fn hi_bit(m: usize) -> usize {
+    8 * (m % 4) + 7 - m / 4
 }
 
 /// Position of column `m` of a chunk in the quantized activations: the order in which the
@@ -1022,8 +1041,7 @@ pub fn int8_codebook(codebook: &[f32]) -> Option<(f32, Vec<i8>)> {
 }
 
 impl DotMatrix {
-    /// Pack a LUT matrix whose codebook is 8-bit integers times a power of two (None otherwise,
-    /// or for lut2/lut3, which keep the float tile kernels).
+    /// Pack a LUT matrix whose codebook is 8-bit integers times a power of two (None otherwise).
     pub fn from_lut(m: &LutMatrix) -> Option<DotMatrix> {
         let kind = Kind::of(m.format).filter(|&k| k != Kind::Int8)?;
         let (f, q) = int8_codebook(&m.codebook)?;
@@ -1031,6 +1049,9 @@ impl DotMatrix {
         let comp = |c: usize, k0: usize| -> [i8; 16] { std::array::from_fn(|i| q[(k0 + i) * d + c]) };
         let tables = match kind {
             Kind::Lut4 => vec![comp(0, 0)],
+            // Entries 0–3 (and lut3's 4–7) repeated through 16 bytes, so that a lookup may
+            // ignore every index bit above the low two.
+            Kind::Lut2 | Kind::Lut3 => (0..q.len() / 4).map(|h| std::array::from_fn(|i| q[4 * h + i % 4])).collect(),
             Kind::Vec2x16 => vec![comp(0, 0), comp(1, 0)],
             // Per component, entries 0–15, 16–31, 32–47, 48–63.
             _ => (0..2).flat_map(|c| (0..4).map(move |k| comp(c, 16 * k))).collect(),
@@ -1069,6 +1090,17 @@ impl DotMatrix {
                     let j0 = c * CHUNK;
                     match kind {
                         Kind::Int8 => (0..32).for_each(|m| out[m] = at(j0 + m)),
+                        Kind::Lut2 | Kind::Lut3 => {
+                            let mut hi = 0u32;
+                            for m in 0..32 {
+                                let i = at(j0 + m);
+                                out[m % 8] |= (i & 3) << (2 * (m / 8));
+                                hi |= ((i >> 2) as u32 & 1) << hi_bit(m);
+                            }
+                            if kind == Kind::Lut3 {
+                                out[8..12].copy_from_slice(&hi.to_le_bytes());
+                            }
+                        }
                         Kind::Vec2x64 if six => {
                             // Index m at bits 6m..6m + 6 of the chunk, little-endian.
                             for m in 0..32 {
@@ -1286,6 +1318,15 @@ impl DotMatrix {
                 let v = p[bit / 8] as usize | (p.get(bit / 8 + 1).copied().unwrap_or(0) as usize) << 8;
                 return (v >> (bit % 8)) & 63;
             }
+            if matches!(self.kind, Kind::Lut2 | Kind::Lut3) {
+                let lo = (p[m % 8] >> (2 * (m / 8))) & 3;
+                let hi = if self.kind == Kind::Lut3 {
+                    (u32::from_le_bytes([p[8], p[9], p[10], p[11]]) >> hi_bit(m)) & 1
+                } else {
+                    0
+                };
+                return lo as usize | (hi as usize) << 2;
+            }
             let lo = if m < 16 { p[m] & 15 } else { p[m - 16] >> 4 };
             let hi = if self.kind == Kind::Vec2x64 {
                 let (b, q) = (p[16 + m % 8], m / 8);
@@ -1300,6 +1341,8 @@ impl DotMatrix {
             match self.kind {
                 Kind::Int8 => w[0][m] = p[m] as i8,
                 Kind::Lut4 => w[0][m] = self.tables[0][idx(m)],
+                // Table 0 holds entries 0–3 and table 1 entries 4–7, each repeated four times.
+                Kind::Lut2 | Kind::Lut3 => w[0][m] = self.tables[idx(m) / 4][idx(m) % 4],
                 Kind::Vec2x16 => {
                     w[0][m] = self.tables[0][idx(m)];
                     w[1][m] = self.tables[1][idx(m)];
@@ -1450,6 +1493,8 @@ mod avx2 {
     const VEC16: u8 = 1;
     const VEC64: u8 = 2;
     const INT8: u8 = 3;
+    const LUT3: u8 = 4;
+    const LUT2: u8 = 5;
     /// Added to a kind: its AVX-512 variant (same layout, same results). VNNI's `vpdpwssd` and
     /// `vpdpbusd` multiply and accumulate in one instruction where AVX2 takes two or three, and
     /// vec2x64's 64-entry lookups are one VBMI `vpermi2b` each.
@@ -1462,6 +1507,8 @@ mod avx2 {
         k & !(X512 | SIX)
     }
     pub(super) const LUT4X: u8 = LUT4 | X512;
+    pub(super) const LUT3X: u8 = LUT3 | X512;
+    pub(super) const LUT2X: u8 = LUT2 | X512;
     pub(super) const VEC16X: u8 = VEC16 | X512;
     pub(super) const VEC64X: u8 = VEC64 | X512;
     pub(super) const VEC64S: u8 = VEC64 | X512 | SIX;
@@ -1532,6 +1579,8 @@ mod avx2 {
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
             return match kind {
                 Kind::Lut4 => go!(LUT4X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Lut3 => go!(LUT3X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Lut2 => go!(LUT2X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x16 => go!(VEC16X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x64 if a.six => go!(VEC64S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x64 => go!(VEC64X, decode_rows_x512, pass_rows_x512, block_rows_x512),
@@ -1540,6 +1589,8 @@ mod avx2 {
         }
         match kind {
             Kind::Lut4 => go!(LUT4, decode_rows, pass_rows, block_rows),
+            Kind::Lut3 => go!(LUT3, decode_rows, pass_rows, block_rows),
+            Kind::Lut2 => go!(LUT2, decode_rows, pass_rows, block_rows),
             Kind::Vec2x16 => go!(VEC16, decode_rows, pass_rows, block_rows),
             Kind::Vec2x64 => go!(VEC64, decode_rows, pass_rows, block_rows),
             Kind::Int8 => go!(INT8, decode_rows, pass_rows, block_rows),
@@ -1577,6 +1628,8 @@ mod avx2 {
         match base(k) {
             VEC64 => 24,
             INT8 => 32,
+            LUT3 => 12,
+            LUT2 => 8,
             _ => 16,
         }
     }
@@ -1593,8 +1646,8 @@ mod avx2 {
     #[inline(always)]
     pub(super) unsafe fn tabs(k: u8, tables: *const i8, unsigned: bool) -> Tabs {
         let n = match base(k) {
-            LUT4 => 1,
-            VEC16 => 2,
+            LUT4 | LUT2 => 1,
+            VEC16 | LUT3 => 2,
             VEC64 => 8,
             _ => 0,
         };
@@ -1613,6 +1666,15 @@ mod avx2 {
     unsafe fn nibbles(p: *const u8, m15: __m256i) -> __m256i {
         let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
         _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), m15)
+    }
+
+    /// The 32 two-bit fields of 8 bytes (lut2, and lut3's low bits) in column order: byte `m`
+    /// holds column `m`'s field in bits 0–1 (above them, other columns' bits: the tables repeat
+    /// every four entries, so a lookup reads only those two).
+    #[inline(always)]
+    unsafe fn crumbs(p: *const u8, m15: __m256i) -> __m256i {
+        let v = _mm256_set1_epi64x((p as *const i64).read_unaligned());
+        _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 2, 4, 6)), m15)
     }
 
     /// `vpermb` control for [`weights`]' six-bit chunks: 64-bit word `j` gets bytes `6j..6j + 6`.
@@ -1652,6 +1714,14 @@ mod avx2 {
         let zero = _mm256_setzero_si256();
         match K {
             LUT4 | LUT4X => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],
+            LUT2 | LUT2X => [_mm256_shuffle_epi8(tb.t[0], crumbs(p, tb.m15)), zero],
+            LUT3 | LUT3X => {
+                let lo = crumbs(p, tb.m15);
+                // Bit 2 of each index to the top of its byte (`hi_bit`), then entries 0–3 or 4–7.
+                let h = _mm256_set1_epi32((p.add(8) as *const i32).read_unaligned());
+                let b2 = _mm256_sllv_epi32(h, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                [_mm256_blendv_epi8(_mm256_shuffle_epi8(tb.t[0], lo), _mm256_shuffle_epi8(tb.t[1], lo), b2), zero]
+            }
             VEC16 | VEC16X => {
                 let i = nibbles(p, tb.m15);
                 [_mm256_shuffle_epi8(tb.t[0], i), _mm256_shuffle_epi8(tb.t[1], i)]
@@ -1966,6 +2036,8 @@ mod avx2 {
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
             return match kind {
                 Kind::Lut4 => super::zmm::decode_f32::<LUT4X>(a),
+                Kind::Lut3 => super::zmm::decode_f32::<LUT3X>(a),
+                Kind::Lut2 => super::zmm::decode_f32::<LUT2X>(a),
                 Kind::Vec2x16 => super::zmm::decode_f32::<VEC16X>(a),
                 Kind::Vec2x64 if a.six => super::zmm::decode_f32::<VEC64S>(a),
                 Kind::Vec2x64 => super::zmm::decode_f32::<VEC64X>(a),
@@ -1974,6 +2046,8 @@ mod avx2 {
         }
         match kind {
             Kind::Lut4 => decode_f32_k::<LUT4>(a),
+            Kind::Lut3 => decode_f32_k::<LUT3>(a),
+            Kind::Lut2 => decode_f32_k::<LUT2>(a),
             Kind::Vec2x16 => decode_f32_k::<VEC16>(a),
             Kind::Vec2x64 => decode_f32_k::<VEC64>(a),
             Kind::Int8 => decode_f32_k::<INT8>(a),

@@ -48,7 +48,7 @@ pub fn set_fast_path(on: bool) {
 static INT_DOT: AtomicBool = AtomicBool::new(true);
 
 /// Whether matrices packed from now on may use the integer-dot layout (default) or always the
-/// float tile layout (`forge bench --float-tiles`, for comparisons).
+/// float tile layout (tests and comparisons).
 pub fn set_int_dot(on: bool) {
     INT_DOT.store(on, Ordering::Relaxed)
 }

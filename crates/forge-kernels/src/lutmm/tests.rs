@@ -140,7 +140,7 @@ fn integer_dot_kernels_match_scalar_reference_and_dense() {
     let shapes =
         SHAPES.into_iter().chain([(64, 128), (34, 300), (6, 1000), (10, 1100), (4, 2048), (6, 2080), (18, 4200)]);
     for (cout, cin) in shapes {
-        for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64] {
+        for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
             let m = random_lut_int(format, cout, cin, &mut rng);
             m.validate().unwrap();
             let p = PackedMatrix::from_lut(&m);
@@ -201,7 +201,7 @@ fn extreme_indices_and_int8_values_decode() {
         let p = PackedMatrix::tiles_from_lut(&m);
         let w = m.reconstruct();
         let dot = PackedMatrix::from_lut(&m);
-        assert_eq!(dot.is_int_dot(), !matches!(format, Format::Lut3 | Format::Lut2));
+        assert!(dot.is_int_dot(), "{format:?}");
         for j in 0..cin {
             let mut x = vec![0f32; cin];
             x[j] = 1.0;
@@ -315,7 +315,7 @@ fn many_rows_through_the_dot_kernels_equal_the_scalar_reference() {
     // Direct callers may pass more rows than a kernel call holds; they are split.
     use intdot::{matmul_many, QuantX};
     let mut rng = Rng(5);
-    for format in [Format::Lut4, Format::Vec2x64] {
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x64] {
         let m = random_lut_int(format, 20, 300, &mut rng);
         let p = PackedMatrix::from_lut(&m);
         let d = p.as_dot().unwrap();
@@ -347,7 +347,7 @@ fn large_matrix_parallel_path() {
     assert_eq!(y1, y2);
     check("lut4 1000x1030", &y1, &matmul_ref(&x, 2, &m.reconstruct(), 1000, 1030), &x, &m.reconstruct(), 2, 1000, 1030);
     // The same for the integer-dot layout, with enough rows for several passes.
-    for format in [Format::Lut4, Format::Vec2x64] {
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x64] {
         let m = random_lut_int(format, 1000, 1030, &mut rng);
         let p = PackedMatrix::from_lut(&m);
         let x: Vec<f32> = (0..9 * 1030).map(|_| rng.f()).collect();
@@ -392,7 +392,7 @@ fn packed_layouts_decode_to_the_stored_weights_exactly() {
 fn integer_dot_parts_round_trip_through_shared_memory() {
     use intdot::{Blob, DotMatrix};
     let mut rng = Rng(8);
-    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64] {
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
         let m = random_lut_int(format, 34, 300, &mut rng);
         let p = PackedMatrix::from_lut(&m);
         let d = p.as_dot().unwrap();
@@ -422,7 +422,7 @@ fn integer_dot_parts_round_trip_through_shared_memory() {
 fn one_activation_plane_matches_scalar_and_the_16_bit_bound() {
     use intdot::{matmul_many, QuantX};
     let mut rng = Rng(31);
-    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64] {
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
         for (cout, cin) in [(34, 300), (64, 1100)] {
             let m = random_lut_int(format, cout, cin, &mut rng);
             let p = PackedMatrix::from_lut(&m);
@@ -455,10 +455,11 @@ fn one_activation_plane_matches_scalar_and_the_16_bit_bound() {
 fn simd_decode_equals_scalar_decode() {
     let mut rng = Rng(23);
     for (cout, cin) in [(2, 1), (6, 33), (16, 64), (10, 100), (34, 300)] {
-        let mut mats: Vec<intdot::DotMatrix> = [Format::Lut4, Format::Vec2x16, Format::Vec2x64]
-            .into_iter()
-            .map(|f| intdot::DotMatrix::from_lut(&random_lut_int(f, cout, cin, &mut rng)).unwrap())
-            .collect();
+        let mut mats: Vec<intdot::DotMatrix> =
+            [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64]
+                .into_iter()
+                .map(|f| intdot::DotMatrix::from_lut(&random_lut_int(f, cout, cin, &mut rng)).unwrap())
+                .collect();
         mats.push(intdot::DotMatrix::from_int8(&random_int8(cout, cin, &mut rng)));
         for m in &mats {
             for (r0, n) in [(0, cout), (cout - 2, 2)] {
@@ -595,7 +596,7 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
     // layouts. Where the CPU lacks the AVX-512 subsets both runs take the AVX2 path.
     use intdot::{matmul_many, set_avx512, QuantX};
     let mut rng = Rng(11);
-    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
         // Chunks: 1 (no pair), 3 (a pair and one left over), 66 (a full block, then a pair),
         // 65 (a full block, then one left over), 18.
         for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (20, 2048 + 10), (130, 576)] {
@@ -688,7 +689,7 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
     // T = 16, 17, 35, 70 and 131: partial vectors of the 64-row activation tiles, and more than
     // one of them; 14, 30, 130 and 262
     // outputs: partial 6-row weight tiles (whole row pairs for vec2x64).
-    for (format, &(cout, cin)) in [Format::Lut4, Format::Vec2x64]
+    for (format, &(cout, cin)) in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x64]
         .into_iter()
         .flat_map(|f| [(2, 1), (14, 5), (30, 37), (130, 70), (262, 129), (64, 2048 + 40)].iter().map(move |s| (f, s)))
     {
@@ -766,7 +767,7 @@ fn integer_prefill_equals_its_scalar_reference_and_dense() {
     use intdot::prefill::gemm_many_int;
     use intdot::set_avx512;
     let mut rng = Rng(17);
-    for format in [Format::Lut4, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
         for &(cout, cin) in &[(2, 1), (18, 37), (64, 576), (34, 2100), (16, 4200)] {
             for avx512 in [true, false] {
                 set_avx512(avx512);

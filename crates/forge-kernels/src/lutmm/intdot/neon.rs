@@ -40,6 +40,8 @@ const LUT4: u8 = 0;
 const VEC16: u8 = 1;
 const VEC64: u8 = 2;
 const INT8: u8 = 3;
+const LUT3: u8 = 4;
+const LUT2: u8 = 5;
 
 /// Output rows per index row.
 const fn nw(k: u8) -> usize {
@@ -54,6 +56,8 @@ const fn chunk_bytes(k: u8) -> usize {
     match k {
         VEC64 => 24,
         INT8 => 32,
+        LUT3 => 12,
+        LUT2 => 8,
         _ => 16,
     }
 }
@@ -66,7 +70,7 @@ const fn pass_t(k: u8) -> usize {
 
 /// The lookup tables of a kind, loaded once per call.
 struct Tabs {
-    /// lut4: table 0; vec2x16: one table per component.
+    /// lut4, lut2: table 0; vec2x16: one table per component; lut3: entries 0–3 and 4–7.
     t16: [int8x16_t; 2],
     /// vec2x64: each component's 64 entries.
     t64: [int8x16x4_t; 2],
@@ -79,8 +83,8 @@ unsafe fn tabs(k: u8, tables: *const i8) -> Tabs {
     let z = vdupq_n_s8(0);
     let mut tb = Tabs { t16: [z; 2], t64: [int8x16x4_t(z, z, z, z); 2] };
     match k {
-        LUT4 => tb.t16[0] = vld1q_s8(tables),
-        VEC16 => tb.t16 = [vld1q_s8(tables), vld1q_s8(tables.add(16))],
+        LUT4 | LUT2 => tb.t16[0] = vld1q_s8(tables),
+        VEC16 | LUT3 => tb.t16 = [vld1q_s8(tables), vld1q_s8(tables.add(16))],
         VEC64 => tb.t64 = [vld1q_s8_x4(tables), vld1q_s8_x4(tables.add(64))],
         _ => {}
     }
@@ -96,6 +100,35 @@ unsafe fn weights<const K: u8>(p: *const u8, tb: &Tabs) -> [[int8x16_t; 2]; 2] {
     let z = vdupq_n_s8(0);
     if K == INT8 {
         return [[vld1q_s8(p as *const i8), vld1q_s8(p.add(16) as *const i8)], [z; 2]];
+    }
+    if K == LUT2 || K == LUT3 {
+        // Byte b holds columns b, 8 + b, 16 + b, 24 + b at bits 0–1, 2–3, 4–5, 6–7; the
+        // tables repeat every four entries, so only the index's low four bits need clearing.
+        let b = vld1_u8(p);
+        let m = vdup_n_u8(15);
+        let lo = vcombine_u8(vand_u8(b, m), vand_u8(vshr_n_u8::<2>(b), m));
+        let hi = vcombine_u8(vand_u8(vshr_n_u8::<4>(b), m), vshr_n_u8::<6>(b));
+        let w = [vqtbl1q_s8(tb.t16[0], lo), vqtbl1q_s8(tb.t16[0], hi)];
+        if K == LUT2 {
+            return [w, [z; 2]];
+        }
+        // Bit 2 of column 4d + k's index is bit 8k + 7 − d of the word after the fields
+        // (`hi_bit`): lane m of the broadcast word holds byte m % 4, tested against 1 << (7 − d).
+        const BIT: [[u8; 16]; 2] = {
+            let mut v = [[0u8; 16]; 2];
+            let mut i = 0;
+            while i < 32 {
+                v[i / 16][i % 16] = 0x80 >> (i / 4);
+                i += 1;
+            }
+            v
+        };
+        let h = vreinterpretq_u8_u32(vdupq_n_u32((p.add(8) as *const u32).read_unaligned()));
+        let (s0, s1) = (vtstq_u8(h, vld1q_u8(BIT[0].as_ptr())), vtstq_u8(h, vld1q_u8(BIT[1].as_ptr())));
+        return [
+            [vbslq_s8(s0, vqtbl1q_s8(tb.t16[1], lo), w[0]), vbslq_s8(s1, vqtbl1q_s8(tb.t16[1], hi), w[1])],
+            [z; 2],
+        ];
     }
     let v = vld1q_u8(p);
     let (lo, hi) = (vandq_u8(v, vdupq_n_u8(15)), vshrq_n_u8::<4>(v));
@@ -369,6 +402,8 @@ pub(super) unsafe fn rows(kind: Kind, a: &Args) {
     }
     match kind {
         Kind::Lut4 => go!(LUT4),
+        Kind::Lut3 => go!(LUT3),
+        Kind::Lut2 => go!(LUT2),
         Kind::Vec2x16 => go!(VEC16),
         Kind::Vec2x64 => go!(VEC64),
         Kind::Int8 => go!(INT8),
@@ -384,6 +419,8 @@ pub(super) unsafe fn rows(kind: Kind, a: &Args) {
 pub(super) unsafe fn decode_f32(kind: Kind, a: &DecodeArgs) {
     match kind {
         Kind::Lut4 => decode_f32_k::<LUT4>(a),
+        Kind::Lut3 => decode_f32_k::<LUT3>(a),
+        Kind::Lut2 => decode_f32_k::<LUT2>(a),
         Kind::Vec2x16 => decode_f32_k::<VEC16>(a),
         Kind::Vec2x64 => decode_f32_k::<VEC64>(a),
         Kind::Int8 => decode_f32_k::<INT8>(a),

@@ -25,7 +25,7 @@
 
 use super::avx2::{
     chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, prefetch_l2, reduce, reduce8, six_shifts256,
-    tabs, Tabs, INT8X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
+    tabs, Tabs, INT8X, LUT2X, LUT3X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
 };
 use super::{Args, DecodeArgs, CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -51,8 +51,8 @@ unsafe fn tabs512(k: u8, tables: *const i8, unsigned: bool) -> Tabs512 {
         _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(tables.add(16 * i) as *const __m128i)), flip)
     };
     let t = match k {
-        LUT4X => [b16(0), z],
-        VEC16X => [b16(0), b16(1)],
+        LUT4X | LUT2X => [b16(0), z],
+        VEC16X | LUT3X => [b16(0), b16(1)],
         VEC64X | VEC64S => {
             let t64 = |v: usize| _mm512_xor_si512(_mm512_loadu_si512(tables.add(64 * v) as *const _), flip);
             [t64(0), t64(1)]
@@ -79,6 +79,32 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
             let idx = _mm512_srlv_epi32(v, nib_shift);
             let w1 = if K == VEC16X { _mm512_permutexvar_epi8(idx, tb.t[1]) } else { z };
             [_mm512_permutexvar_epi8(idx, tb.t[0]), w1]
+        }
+        LUT2X | LUT3X => {
+            // One 32-byte load holds both chunks (lut2: A at 0, B at 8; lut3: A at 0, B at
+            // 12, each eight bytes of two-bit fields and then the word of bit 2; the bytes past
+            // B are the next pair or `SLACK`). One `vpermb` gives chunk A's field bytes to the
+            // 64-bit words of lanes 0 and 2 and B's to lanes 1 and 3, and shifting word `j`
+            // right by `2·(j % 2)` (lanes 0, 1: columns 0–15) or `4 + 2·(j % 2)` (lanes 2, 3)
+            // brings each column's field to bits 0–1 of its byte; `vpermb` reads no more of it
+            // (the tables repeat every four entries). Against two 8-byte broadcasts merged:
+            // 1.20× (lut3) and 1.25× (lut2) on 256×5120 in L2, one thread; 1.26× and 1.19× on
+            // 17408×5120 from memory, two threads (`kernel_ab`, rounds alternated).
+            let v = _mm512_castsi256_si512(_mm256_loadu_si256(p as *const __m256i));
+            let shifts = _mm512_setr_epi64(0, 2, 0, 2, 4, 6, 4, 6);
+            let idx = _mm512_srlv_epi64(_mm512_permutexvar_epi8(field_spread::<K>(), v), shifts);
+            let w0 = _mm512_permutexvar_epi8(idx, tb.t[0]);
+            if K == LUT2X {
+                return [w0, z];
+            }
+            // lut3: the 32-bit words of lane `L` take chunk A's (`L` even) or B's word of bit 2,
+            // and word `d` of the lane (columns 4d..4d + 4 of its half) shifted left by `d`
+            // puts bit 2 of those indices at the tops of its bytes (`hi_bit`); where it is set,
+            // entries 4–7.
+            let h = _mm512_permutexvar_epi8(bit2_spread(), v);
+            let counts = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7);
+            let k = _mm512_movepi8_mask(_mm512_sllv_epi32(h, counts));
+            [_mm512_mask_permutexvar_epi8(w0, k, idx, tb.t[1]), z]
         }
         VEC64S => {
             // One 64-byte load holds both chunks' six-bit streams (A at 0, B at 24; 16 bytes
@@ -114,6 +140,40 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
             [_mm512_xor_si512(_mm512_shuffle_i64x2::<0xD8>(v, v), tb.flip), z]
         }
     }
+}
+
+/// `vpermb` control for [`weights2`]'s lut2 and lut3 pairs: 64-bit words 0, 1, 4, 5 (lanes 0
+/// and 2) get chunk A's eight field bytes, words 2, 3, 6, 7 chunk B's (`chunk_bytes(K)` on).
+#[inline(always)]
+unsafe fn field_spread<const K: u8>() -> __m512i {
+    const fn spread(b: usize) -> [u8; 64] {
+        let mut c = [0u8; 64];
+        let mut k = 0;
+        while k < 64 {
+            c[k] = (if (k / 8) % 4 >= 2 { b } else { 0 } + k % 8) as u8;
+            k += 1;
+        }
+        c
+    }
+    const LUT2: [u8; 64] = spread(chunk_bytes(LUT2X));
+    const LUT3: [u8; 64] = spread(chunk_bytes(LUT3X));
+    _mm512_loadu_si512(if K == LUT2X { LUT2.as_ptr() } else { LUT3.as_ptr() } as *const _)
+}
+
+/// `vpermb` control for lut3's words of bit 2: every 32-bit word of lanes 0 and 2 gets chunk
+/// A's (bytes 8–11), of lanes 1 and 3 chunk B's (bytes 20–23).
+#[inline(always)]
+unsafe fn bit2_spread() -> __m512i {
+    const C: [u8; 64] = {
+        let mut c = [0u8; 64];
+        let mut k = 0;
+        while k < 64 {
+            c[k] = (if (k / 16) % 2 == 1 { 20 } else { 8 } + k % 4) as u8;
+            k += 1;
+        }
+        c
+    };
+    _mm512_loadu_si512(C.as_ptr() as *const _)
 }
 
 /// `vpermb` control for [`weights2`]'s six-bit pairs: word `j` of the pair order
@@ -366,6 +426,10 @@ pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
             match (kind, a.planes) {
                 (Kind::Lut4, 2) => $f::<LUT4X, 2>(a),
                 (Kind::Lut4, _) => $f::<LUT4X, 1>(a),
+                (Kind::Lut3, 2) => $f::<LUT3X, 2>(a),
+                (Kind::Lut3, _) => $f::<LUT3X, 1>(a),
+                (Kind::Lut2, 2) => $f::<LUT2X, 2>(a),
+                (Kind::Lut2, _) => $f::<LUT2X, 1>(a),
                 (Kind::Vec2x16, 2) => $f::<VEC16X, 2>(a),
                 (Kind::Vec2x16, _) => $f::<VEC16X, 1>(a),
                 (Kind::Vec2x64, 2) if a.six => $f::<VEC64S, 2>(a),
