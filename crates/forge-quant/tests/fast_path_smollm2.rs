@@ -24,7 +24,15 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
     plan.mlp_basis = Basis::Online;
     plan.mixer_basis = Basis::Online;
     plan.head_basis = Basis::Online;
-    for (k, v) in [("0.gate", "vec2x64"), ("0.up", "vec2x64"), ("0.down", "vec2x64"), ("1.down", "vec2x16")] {
+    for (k, v) in [
+        ("0.gate", "vec2x64"),
+        ("0.up", "vec2x64"),
+        ("0.down", "vec2x64"),
+        ("1.down", "vec2x16"),
+        ("1.gate", "lut3"),
+        ("1.up", "lut2"),
+        ("2.q", "lut3"),
+    ] {
         plan.entries.insert(k.into(), v.into());
     }
     let opts = common::rtn_options("smollm2", src, plan, 0, &out);
