@@ -1,6 +1,7 @@
-//! A/B of vec2x64's two index layouts through the same AVX-512 decode kernels, interleaved in
-//! one process: the nibble layout (packed with the AVX-512 kernels off, as AVX2 and NEON pack
-//! it) against the six-bit stream layout (packed with them on). Each round times both on the
+//! A/B of the two index layouts of vec2x64 (or, with `FORMATS=lut3`, of lut3) through the same
+//! AVX-512 decode kernels, interleaved in one process: the nibble layout (lut3: two-bit fields
+//! and a word of bit 2; packed with the AVX-512 kernels off, as AVX2 and NEON pack it) against
+//! the stream layout of six-bit (three-bit) fields (packed with them on). Each round times both on the
 //! same activations, and the median of the rounds is reported.
 //!
 //! `cargo run --release -p forge-kernels --example layout_ab -- [COUTxCIN] [rounds] [cold]`
@@ -20,16 +21,23 @@ fn main() {
     let rounds: usize = args.get(2).map(|s| s.parse().expect("rounds")).unwrap_or(7);
     let cold = args.get(3).is_some_and(|s| s == "cold");
     if !intdot::six_bit_layout() {
-        println!("this CPU has no AVX-512 VBMI kernels: vec2x64 packs to the nibble layout only");
+        println!("this CPU has no AVX-512 VBMI kernels: one layout only");
         return;
     }
+    let formats = std::env::var("FORMATS").map_or(vec![Format::Vec2x64], |_| common::formats());
+    for format in formats {
+        run(format, cout, cin, rounds, cold);
+    }
+}
+
+fn run(format: Format, cout: usize, cin: usize, rounds: usize, cold: bool) {
     let x = common::Rng::new().activations(cin);
     let qx = QuantX::new(&x, 1, cin);
     // The same seeded matrix in both layouts.
     intdot::set_avx512(false);
-    let nibble = common::Rng::new().lut_matrix(Format::Vec2x64, cout, cin);
+    let nibble = common::Rng::new().lut_matrix(format, cout, cin);
     intdot::set_avx512(true);
-    let six = common::Rng::new().lut_matrix(Format::Vec2x64, cout, cin);
+    let six = common::Rng::new().lut_matrix(format, cout, cin);
     let bytes = six.packed_bytes();
     let copies = if cold { (common::cold_bytes() / bytes).max(2) } else { 1 };
     let sets: Vec<Vec<DotMatrix>> = [&nibble, &six].iter().map(|d| vec![(*d).clone(); copies]).collect();
@@ -53,7 +61,8 @@ fn main() {
     };
     let (a, b) = (median(&mut gbs[0]), median(&mut gbs[1]));
     println!(
-        "vec2x64 {cout}x{cin}, {} thread(s), {}: nibble {a:.2} GB/s, six-bit {b:.2} GB/s, ratio {:.2} (median of {rounds} rounds)",
+        "{} {cout}x{cin}, {} thread(s), {}: nibble {a:.2} GB/s, stream {b:.2} GB/s, ratio {:.2} (median of {rounds} rounds)",
+        format.name(),
         rayon::current_num_threads(),
         if cold { "read from memory" } else { "in cache" },
         b / a

@@ -186,7 +186,9 @@ impl Compiled {
             self.map[s0..s1].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         let src: Arc<dyn AsRef<[u8]> + Send + Sync> = self.map.clone();
         let blob = Blob::Shared { src, offset: d0, len: d1 - d0 };
-        let six = kind == "vec2x64" && self.metadata.get(VEC64_LAYOUT).map(String::as_str) == Some("six-bit");
+        // The stream layouts of vec2x64 (six-bit fields) and lut3 (three-bit) go together.
+        let six = matches!(kind, "vec2x64" | "lut3")
+            && self.metadata.get(VEC64_LAYOUT).map(String::as_str) == Some("six-bit");
         let dl = DotLayout { kind: kind.to_string(), cout, cin, six };
         let d = DotMatrix::from_parts(&dl, blob, &tables, scale).with_context(ctx)?;
         let format = forge_kernels::lut::Format::parse(kind).with_context(ctx)?;

@@ -274,6 +274,12 @@ impl Kind {
         PASS_T / self.rows()
     }
 
+    /// Whether the kind packs to a stream of index fields where the AVX-512 kernels run
+    /// ([`six_bit_layout`]).
+    fn has_stream_layout(self) -> bool {
+        matches!(self, Kind::Vec2x64 | Kind::Lut3)
+    }
+
     /// Output rows per index row.
     fn rows(self) -> usize {
         match self {
@@ -937,7 +943,7 @@ pub struct DotLayout {
     pub kind: String,
     pub cout: usize,
     pub cin: usize,
-    /// vec2x64 in the six-bit stream layout (see [`six_bit_layout`]).
+    /// vec2x64 in the six-bit, lut3 in the three-bit stream layout (see [`six_bit_layout`]).
     pub six: bool,
 }
 
@@ -947,7 +953,9 @@ pub struct DotLayout {
 /// bits as nibbles, the top two bits in a byte per eight columns) took six instructions. AVX2
 /// and NEON, without a byte shift per lane, keep the nibble layout. The choice follows
 /// [`set_avx512`] at the time of packing; a six-bit matrix met later by other kernels goes
-/// through the scalar reference.
+/// through the scalar reference. lut3 follows the same choice with three-bit fields (12 bytes a
+/// chunk, as its other layout): one `vpermb`, one `vpmultishiftqb` and the lookup per 64
+/// indices, where the two-bit fields and the word of bit 2 took seven instructions.
 pub fn six_bit_layout() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1058,7 +1066,7 @@ impl DotMatrix {
         };
         let scale = m.scale.iter().map(|&s| s * f).collect();
         let (idx, cin) = (&m.idx, m.cin);
-        let six = kind == Kind::Vec2x64 && six_bit_layout();
+        let six = kind.has_stream_layout() && six_bit_layout();
         Some(Self::build(kind, six, m.cout, cin, tables, scale, |g, j| idx[g * cin + j]))
     }
 
@@ -1090,6 +1098,17 @@ impl DotMatrix {
                     let j0 = c * CHUNK;
                     match kind {
                         Kind::Int8 => (0..32).for_each(|m| out[m] = at(j0 + m)),
+                        Kind::Lut3 if six => {
+                            // Index m at bits 3m..3m + 3 of the chunk, little-endian.
+                            for m in 0..32 {
+                                let (bit, i) = (3 * m, (at(j0 + m) & 7) as u32);
+                                let v = i << (bit % 8);
+                                out[bit / 8] |= v as u8;
+                                if v >> 8 != 0 {
+                                    out[bit / 8 + 1] |= (v >> 8) as u8;
+                                }
+                            }
+                        }
                         Kind::Lut2 | Kind::Lut3 => {
                             let mut hi = 0u32;
                             for m in 0..32 {
@@ -1152,7 +1171,7 @@ impl DotMatrix {
         if kind != Kind::Int8 {
             int8_codebook(codebook)?;
         }
-        Some(DotLayout { kind: kind.name().into(), cout, cin, six: kind == Kind::Vec2x64 && six_bit_layout() })
+        Some(DotLayout { kind: kind.name().into(), cout, cin, six: kind.has_stream_layout() && six_bit_layout() })
     }
 
     /// Rebuild from [`DotMatrix::parts`], the index data shared (e.g. memory-mapped), checking
@@ -1165,7 +1184,11 @@ impl DotMatrix {
         let groups = cout / kind.rows();
         let row_bytes = cin_pad / CHUNK * kind.chunk_bytes();
         let want = groups * row_bytes + SLACK;
-        anyhow::ensure!(!layout.six || kind == Kind::Vec2x64, "the six-bit layout is vec2x64's, not {}", layout.kind);
+        anyhow::ensure!(
+            !layout.six || kind.has_stream_layout(),
+            "the stream layout is vec2x64's and lut3's, not {}'s",
+            layout.kind
+        );
         anyhow::ensure!(data.bytes().len() == want, "index data has {} bytes, expected {want}", data.bytes().len());
         let n_tables = kind.n_tables();
         anyhow::ensure!(
@@ -1314,9 +1337,10 @@ impl DotMatrix {
         let p = &row[c * cb..(c + 1) * cb];
         let idx = |m: usize| -> usize {
             if self.six {
-                let bit = 6 * m;
+                let width = if self.kind == Kind::Lut3 { 3 } else { 6 };
+                let bit = width * m;
                 let v = p[bit / 8] as usize | (p.get(bit / 8 + 1).copied().unwrap_or(0) as usize) << 8;
-                return (v >> (bit % 8)) & 63;
+                return (v >> (bit % 8)) & ((1 << width) - 1);
             }
             if matches!(self.kind, Kind::Lut2 | Kind::Lut3) {
                 let lo = (p[m % 8] >> (2 * (m / 8))) & 3;
@@ -1512,6 +1536,7 @@ mod avx2 {
     pub(super) const VEC16X: u8 = VEC16 | X512;
     pub(super) const VEC64X: u8 = VEC64 | X512;
     pub(super) const VEC64S: u8 = VEC64 | X512 | SIX;
+    pub(super) const LUT3S: u8 = LUT3 | X512 | SIX;
     pub(super) const INT8X: u8 = INT8 | X512;
     /// Chunks per activation block.
     pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
@@ -1579,6 +1604,7 @@ mod avx2 {
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
             return match kind {
                 Kind::Lut4 => go!(LUT4X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Lut3 if a.six => go!(LUT3S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut3 => go!(LUT3X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut2 => go!(LUT2X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x16 => go!(VEC16X, decode_rows_x512, pass_rows_x512, block_rows_x512),
@@ -1698,6 +1724,12 @@ mod avx2 {
         _mm256_set1_epi64x(0x2A24_1E18_120C_0600)
     }
 
+    /// `vpmultishiftqb` control for three-bit fields: byte `i` of each word from bit `3i`.
+    #[inline(always)]
+    pub(super) unsafe fn three_shifts256() -> __m256i {
+        _mm256_set1_epi64x(0x1512_0F0C_0906_0300)
+    }
+
     /// A 64-entry lookup: four 16-entry lookups with the low index bits, picked by bit 4 (top
     /// bit of `b4`) and bit 5 (top bit of `b5`).
     #[inline(always)]
@@ -1733,6 +1765,21 @@ mod avx2 {
                 let b4 = _mm256_slli_epi16::<1>(b5);
                 let lo = nibbles(p, tb.m15);
                 [look64(&tb.t[..4], lo, b4, b5), look64(&tb.t[4..], lo, b4, b5)]
+            }
+            LUT3S => {
+                // Word q takes bytes 3q..3q + 8 (a 16-byte load, 4 bytes past the chunk: the
+                // next one or `SLACK`), byte i of it the eight bits from bit 3i, and the table
+                // of entries 0–7 repeated (`vpermb` reads five bits) the low three.
+                let v = _mm256_zextsi128_si256(_mm_loadu_si128(p as *const __m128i));
+                let spread = _mm256_setr_epi64x(
+                    0x0706_0504_0302_0100,
+                    0x0A09_0807_0605_0403,
+                    0x0D0C_0B0A_0908_0706,
+                    0x100F_0E0D_0C0B_0A09,
+                );
+                let idx = _mm256_multishift_epi64_epi8(three_shifts256(), _mm256_permutexvar_epi8(spread, v));
+                let t8 = _mm256_mask_blend_epi8(0xF0F0_F0F0, tb.t[0], tb.t[1]);
+                [_mm256_permutexvar_epi8(idx, t8), zero]
             }
             VEC64S => {
                 // Eight indices per 64-bit word: word j takes bytes 6j..6j + 6 (a 32-byte load,
@@ -2036,6 +2083,7 @@ mod avx2 {
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
             return match kind {
                 Kind::Lut4 => super::zmm::decode_f32::<LUT4X>(a),
+                Kind::Lut3 if a.six => super::zmm::decode_f32::<LUT3S>(a),
                 Kind::Lut3 => super::zmm::decode_f32::<LUT3X>(a),
                 Kind::Lut2 => super::zmm::decode_f32::<LUT2X>(a),
                 Kind::Vec2x16 => super::zmm::decode_f32::<VEC16X>(a),

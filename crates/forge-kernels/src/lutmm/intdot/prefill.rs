@@ -297,7 +297,9 @@ pub(crate) fn gemm_many_int(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, 
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::avx2::{chunk_bytes, nw, tabs, weights, INT8X, LUT2X, LUT3X, LUT4X, VEC16X, VEC64S, VEC64X};
+    use super::super::avx2::{
+        chunk_bytes, nw, tabs, weights, INT8X, LUT2X, LUT3S, LUT3X, LUT4X, VEC16X, VEC64S, VEC64X,
+    };
     use super::super::Kind;
     use super::{DotMatrix, PlaneX, CHUNK, PANEL, PBLOCK, TILE_T, XMAX1, XMAX2};
     use std::arch::x86_64::*;
@@ -308,6 +310,7 @@ mod x86 {
     pub(super) unsafe fn decode_u8(m: &DotMatrix, g0: usize, n_idx: usize, out: *mut u8) {
         match m.kind {
             Kind::Lut4 => decode_u8_k::<LUT4X>(m, g0, n_idx, out),
+            Kind::Lut3 if m.six => decode_u8_k::<LUT3S>(m, g0, n_idx, out),
             Kind::Lut3 => decode_u8_k::<LUT3X>(m, g0, n_idx, out),
             Kind::Lut2 => decode_u8_k::<LUT2X>(m, g0, n_idx, out),
             Kind::Vec2x16 => decode_u8_k::<VEC16X>(m, g0, n_idx, out),

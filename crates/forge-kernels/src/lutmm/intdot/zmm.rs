@@ -25,7 +25,7 @@
 
 use super::avx2::{
     chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, prefetch_l2, reduce, reduce8, six_shifts256,
-    tabs, Tabs, INT8X, LUT2X, LUT3X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
+    tabs, three_shifts256, Tabs, INT8X, LUT2X, LUT3S, LUT3X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
 };
 use super::{Args, DecodeArgs, CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -53,6 +53,8 @@ unsafe fn tabs512(k: u8, tables: *const i8, unsigned: bool) -> Tabs512 {
     let t = match k {
         LUT4X | LUT2X => [b16(0), z],
         VEC16X | LUT3X => [b16(0), b16(1)],
+        // Entries 0–7 repeated: bytes 4–7 of every eight from the table of entries 4–7.
+        LUT3S => [_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, b16(0), b16(1)), z],
         VEC64X | VEC64S => {
             let t64 = |v: usize| _mm512_xor_si512(_mm512_loadu_si512(tables.add(64 * v) as *const _), flip);
             [t64(0), t64(1)]
@@ -79,6 +81,17 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
             let idx = _mm512_srlv_epi32(v, nib_shift);
             let w1 = if K == VEC16X { _mm512_permutexvar_epi8(idx, tb.t[1]) } else { z };
             [_mm512_permutexvar_epi8(idx, tb.t[0]), w1]
+        }
+        LUT3S => {
+            // Three-bit fields, A at 0 and B at 12 in one 32-byte load (8 bytes past B: the
+            // next pair or `SLACK`): word j of the pair order takes the bytes of its eight
+            // columns (columns 8q..8q + 8 of a chunk start at byte 3q), byte i of each word the
+            // eight bits from bit 3i, and the eight-entry table repeated is read by its low
+            // three (`vpermb` reads six bits).
+            let v = _mm512_castsi256_si512(_mm256_loadu_si256(p as *const __m256i));
+            let shifts = _mm512_broadcast_i64x4(three_shifts256());
+            let idx = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(three_spread(), v));
+            [_mm512_permutexvar_epi8(idx, tb.t[0]), z]
         }
         LUT2X | LUT3X => {
             // One 32-byte load holds both chunks (lut2: A at 0, B at 8; lut3: A at 0, B at
@@ -169,6 +182,24 @@ unsafe fn bit2_spread() -> __m512i {
         let mut k = 0;
         while k < 64 {
             c[k] = (if (k / 16) % 2 == 1 { 20 } else { 8 } + k % 4) as u8;
+            k += 1;
+        }
+        c
+    };
+    _mm512_loadu_si512(C.as_ptr() as *const _)
+}
+
+/// `vpermb` control for [`weights2`]'s three-bit lut3 pairs: word `j` of the pair order
+/// (`[A 0–15 | B 0–15 | A 16–31 | B 16–31]`, eight columns a word) gets eight bytes from the
+/// first of its columns: columns `8q..8q + 8` of a chunk start at byte `3q`, chunk B at byte 12.
+#[inline(always)]
+unsafe fn three_spread() -> __m512i {
+    const C: [u8; 64] = {
+        let start = [0usize, 3, 12, 15, 6, 9, 18, 21];
+        let mut c = [0u8; 64];
+        let mut k = 0;
+        while k < 64 {
+            c[k] = (start[k / 8] + k % 8) as u8;
             k += 1;
         }
         c
@@ -426,6 +457,8 @@ pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
             match (kind, a.planes) {
                 (Kind::Lut4, 2) => $f::<LUT4X, 2>(a),
                 (Kind::Lut4, _) => $f::<LUT4X, 1>(a),
+                (Kind::Lut3, 2) if a.six => $f::<LUT3S, 2>(a),
+                (Kind::Lut3, _) if a.six => $f::<LUT3S, 1>(a),
                 (Kind::Lut3, 2) => $f::<LUT3X, 2>(a),
                 (Kind::Lut3, _) => $f::<LUT3X, 1>(a),
                 (Kind::Lut2, 2) => $f::<LUT2X, 2>(a),
