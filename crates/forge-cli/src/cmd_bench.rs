@@ -340,22 +340,33 @@ impl Probe {
         self.buf.len() * 8
     }
 
-    /// One pass over the buffer, GB/s: each worker sums its share as [`STREAMS`] segments in
-    /// lockstep, each prefetched 8 KiB ahead as the kernels prefetch their rows, with the
-    /// widest loads the CPU has (`forge_kernels::stream`).
+    /// One pass over the buffer, GB/s: [`PROBE_TASK`]-byte pieces claimed in turn by the
+    /// workers of a spinning team (as decode's kernel calls are run), each summed as
+    /// [`STREAMS`] segments in lockstep, prefetched as the kernels prefetch their rows, with the
+    /// widest loads the CPU has (`forge_kernels::stream`). Claimed pieces, not one fixed share
+    /// a worker, so that a core slowed by a neighbour does not leave the other idle at the end.
     pub fn pass(&self) -> f64 {
-        let workers = rayon::current_num_threads().max(1);
+        use std::sync::atomic::{AtomicU64, Ordering};
         // Whole 64-byte lines per segment.
-        let seg = (self.buf.len() / (workers * STREAMS)) & !7;
-        let t0 = Instant::now();
-        let sink: u64 = (0..workers)
-            .into_par_iter()
-            .map(|w| forge_kernels::stream::sum_streams(&self.buf[w * STREAMS * seg..], STREAMS, seg))
-            .reduce(|| 0, |a, b| a.wrapping_add(b));
-        std::hint::black_box(sink);
-        (workers * STREAMS * seg * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9
+        let seg = (PROBE_TASK / 8 / STREAMS) & !7;
+        let tasks = self.buf.len() / (STREAMS * seg);
+        let sink = AtomicU64::new(0);
+        let secs = forge_kernels::team::with_team(|| {
+            let t0 = Instant::now();
+            forge_kernels::team::parallel_for(tasks, &|k| {
+                let v = forge_kernels::stream::sum_streams(&self.buf[k * STREAMS * seg..], STREAMS, seg);
+                sink.fetch_add(v, Ordering::Relaxed);
+            });
+            t0.elapsed().as_secs_f64()
+        });
+        std::hint::black_box(sink.load(Ordering::Relaxed));
+        (tasks * STREAMS * seg * 8) as f64 / secs / 1e9
     }
 }
+
+/// Bytes of one probe task: 4 MiB, 1 MiB a stream; at 100 GB/s a task takes 40 µs, far longer
+/// than claiming it.
+const PROBE_TASK: usize = 4 << 20;
 
 /// Sequential streams each probe worker reads at once. One stream a core read 22–24 GB/s on the
 /// 2-vCPU Xeon, two 26–33, four 30–38 and eight 33–37 (a C loop of 512-bit loads, three runs):
@@ -428,20 +439,24 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         // as a model's layers do: one 17408×5120 matrix (22–89 MB) fits in a large last-level
         // cache (105 MiB on one Xeon, 480 MiB on another), and calling it alone measured cache.
         let ps: Vec<PackedMatrix> = vec![p; (cold as f64 / bytes).ceil().max(1.0) as usize];
+        // Timed inside a spinning team, as a model's forward pass runs its calls (`team`): with
+        // rayon's sleeping workers each call would also pay for waking them.
         let time = |b: Backend, t: usize| {
-            let xs: Vec<f32> = x.iter().cycle().take(t * cin).copied().collect();
-            let mut y = vec![0f32; t * cout];
-            ps[0].matmul_with(b, &xs, t, &mut y);
-            // About 0.3 s per measurement, at least 3 calls.
-            let t0 = Instant::now();
-            ps[0].matmul_with(b, &xs, t, &mut y);
-            let once = t0.elapsed().as_secs_f64();
-            let reps = ((0.3 / once) as usize).clamp(3, 500);
-            let t0 = Instant::now();
-            for i in 0..reps {
-                ps[(i + 1) % ps.len()].matmul_with(b, &xs, t, &mut y);
-            }
-            t0.elapsed().as_secs_f64() / reps as f64
+            forge_kernels::team::with_team(|| {
+                let xs: Vec<f32> = x.iter().cycle().take(t * cin).copied().collect();
+                let mut y = vec![0f32; t * cout];
+                ps[0].matmul_with(b, &xs, t, &mut y);
+                // About 0.3 s per measurement, at least 3 calls.
+                let t0 = Instant::now();
+                ps[0].matmul_with(b, &xs, t, &mut y);
+                let once = t0.elapsed().as_secs_f64();
+                let reps = ((0.3 / once) as usize).clamp(3, 500);
+                let t0 = Instant::now();
+                for i in 0..reps {
+                    ps[(i + 1) % ps.len()].matmul_with(b, &xs, t, &mut y);
+                }
+                t0.elapsed().as_secs_f64() / reps as f64
+            })
         };
         // Decode in three rounds, each after a probe pass: its share of the bandwidth is the
         // median of the rounds' ratios.
