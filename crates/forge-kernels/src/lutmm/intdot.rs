@@ -296,6 +296,19 @@ fn hi_bit(m: usize) -> usize {
     8 * (m % 4) + 7 - m / 4
 }
 
+/// A chunk's 32 indices as one little-endian stream of `width`-bit fields (index `m` at bits
+/// `width·m..width·(m + 1)`), ORed into `out` (zeroed).
+fn pack_stream(out: &mut [u8], width: usize, index: impl Fn(usize) -> u8) {
+    for m in 0..CHUNK {
+        let (bit, i) = (width * m, (index(m) & ((1 << width) - 1) as u8) as u32);
+        let v = i << (bit % 8);
+        out[bit / 8] |= v as u8;
+        if v >> 8 != 0 {
+            out[bit / 8 + 1] |= (v >> 8) as u8;
+        }
+    }
+}
+
 /// Position of column `m` of a chunk in the quantized activations: the order in which the
 /// in-lane byte unpacks deliver weights (`[0..8, 16..24]` then `[8..16, 24..32]`).
 fn xpos(m: usize) -> usize {
@@ -1098,17 +1111,7 @@ impl DotMatrix {
                     let j0 = c * CHUNK;
                     match kind {
                         Kind::Int8 => (0..32).for_each(|m| out[m] = at(j0 + m)),
-                        Kind::Lut3 if six => {
-                            // Index m at bits 3m..3m + 3 of the chunk, little-endian.
-                            for m in 0..32 {
-                                let (bit, i) = (3 * m, (at(j0 + m) & 7) as u32);
-                                let v = i << (bit % 8);
-                                out[bit / 8] |= v as u8;
-                                if v >> 8 != 0 {
-                                    out[bit / 8 + 1] |= (v >> 8) as u8;
-                                }
-                            }
-                        }
+                        Kind::Lut3 if six => pack_stream(out, 3, |m| at(j0 + m)),
                         Kind::Lut2 | Kind::Lut3 => {
                             let mut hi = 0u32;
                             for m in 0..32 {
@@ -1120,17 +1123,7 @@ impl DotMatrix {
                                 out[8..12].copy_from_slice(&hi.to_le_bytes());
                             }
                         }
-                        Kind::Vec2x64 if six => {
-                            // Index m at bits 6m..6m + 6 of the chunk, little-endian.
-                            for m in 0..32 {
-                                let (bit, i) = (6 * m, (at(j0 + m) & 63) as u32);
-                                let v = i << (bit % 8);
-                                out[bit / 8] |= v as u8;
-                                if v >> 8 != 0 {
-                                    out[bit / 8 + 1] |= (v >> 8) as u8;
-                                }
-                            }
-                        }
+                        Kind::Vec2x64 if six => pack_stream(out, 6, |m| at(j0 + m)),
                         _ => {
                             for (b, o) in out[..16].iter_mut().enumerate() {
                                 *o = (at(j0 + b) & 15) | (at(j0 + 16 + b) & 15) << 4;

@@ -155,18 +155,23 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
     }
 }
 
+/// A `vpermb` control giving 64-bit word `j` the eight bytes from `start[j]` on.
+const fn word_spread(start: [usize; 8]) -> [u8; 64] {
+    let mut c = [0u8; 64];
+    let mut k = 0;
+    while k < 64 {
+        c[k] = (start[k / 8] + k % 8) as u8;
+        k += 1;
+    }
+    c
+}
+
 /// `vpermb` control for [`weights2`]'s lut2 and lut3 pairs: 64-bit words 0, 1, 4, 5 (lanes 0
 /// and 2) get chunk A's eight field bytes, words 2, 3, 6, 7 chunk B's (`chunk_bytes(K)` on).
 #[inline(always)]
 unsafe fn field_spread<const K: u8>() -> __m512i {
     const fn spread(b: usize) -> [u8; 64] {
-        let mut c = [0u8; 64];
-        let mut k = 0;
-        while k < 64 {
-            c[k] = (if (k / 8) % 4 >= 2 { b } else { 0 } + k % 8) as u8;
-            k += 1;
-        }
-        c
+        word_spread([0, 0, b, b, 0, 0, b, b])
     }
     const LUT2: [u8; 64] = spread(chunk_bytes(LUT2X));
     const LUT3: [u8; 64] = spread(chunk_bytes(LUT3X));
@@ -194,16 +199,7 @@ unsafe fn bit2_spread() -> __m512i {
 /// first of its columns: columns `8q..8q + 8` of a chunk start at byte `3q`, chunk B at byte 12.
 #[inline(always)]
 unsafe fn three_spread() -> __m512i {
-    const C: [u8; 64] = {
-        let start = [0usize, 3, 12, 15, 6, 9, 18, 21];
-        let mut c = [0u8; 64];
-        let mut k = 0;
-        while k < 64 {
-            c[k] = (start[k / 8] + k % 8) as u8;
-            k += 1;
-        }
-        c
-    };
+    const C: [u8; 64] = word_spread([0, 3, 12, 15, 6, 9, 18, 21]);
     _mm512_loadu_si512(C.as_ptr() as *const _)
 }
 
@@ -212,16 +208,7 @@ unsafe fn three_spread() -> __m512i {
 /// columns `8q..8q + 8` of a chunk start at byte `6q`, chunk B at byte 24.
 #[inline(always)]
 unsafe fn six_spread() -> __m512i {
-    const C: [u8; 64] = {
-        let start = [0usize, 6, 24, 30, 12, 18, 36, 42];
-        let mut c = [0u8; 64];
-        let mut k = 0;
-        while k < 64 {
-            c[k] = (start[k / 8] + k % 8) as u8;
-            k += 1;
-        }
-        c
-    };
+    const C: [u8; 64] = word_spread([0, 6, 24, 30, 12, 18, 36, 42]);
     _mm512_loadu_si512(C.as_ptr() as *const _)
 }
 
