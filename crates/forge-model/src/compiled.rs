@@ -114,7 +114,7 @@ impl Compiled {
         let here = vec64_layout_here();
         if let Some(l) = c.metadata.get(VEC64_LAYOUT).filter(|l| l.as_str() != here) {
             return Ok(Err(Some(format!(
-                "its vec2x64 matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
+                "its vec2x64 and lut3 matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
             ))));
         }
         Ok(Ok(c))

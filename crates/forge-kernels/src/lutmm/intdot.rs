@@ -21,7 +21,8 @@
 //! - lut2: 8 bytes, byte `b` holding the indices of `m = b, 8 + b, 16 + b, 24 + b` at bits
 //!   0–1, 2–3, 4–5, 6–7 (one 64-bit variable shift of a broadcast brings each to its byte).
 //! - lut3: lut2's 8 bytes for the low two index bits, then a 32-bit word with bit 2 of each
-//!   index (see [`hi_bit`]).
+//!   index (bit `8k + 7 − d` for column `4d + k`); where the AVX-512 kernels run, one stream of 3-bit fields instead
+//!   (see [`six_bit_layout`]).
 //! - int8: the 32 weights.
 //!
 //! A 64-entry vec2x64 table is four 16-entry tables: four `pshufb` lookups with the low index
@@ -952,7 +953,7 @@ unsafe fn dot_rows(simd: bool, x: &[f32], t: usize, cin: usize, w: &[f32], n: us
 /// Kind and shape of a packed matrix, as a compiled cache records them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DotLayout {
-    /// `lut4`, `vec2x16`, `vec2x64` or `int8`.
+    /// `lut4`, `lut3`, `lut2`, `vec2x16`, `vec2x64` or `int8`.
     pub kind: String,
     pub cout: usize,
     pub cin: usize,
