@@ -27,7 +27,8 @@ use std::sync::Arc;
 pub const CACHE_FILE: &str = "packed.forgecache";
 /// 3: 16 bytes of slack after each matrix's index rows (was 8), and vec2x64's layout recorded.
 /// 4: lut2 and lut3 matrices in the integer-dot layout (they took the float tiles, uncached).
-const VERSION: &str = "4";
+/// 5: lut2 in groups of eight chunks where the AVX-512 kernels run (the same metadata entry).
+const VERSION: &str = "5";
 
 /// The metadata entry naming vec2x64's index layout, and its values.
 const VEC64_LAYOUT: &str = "vec2x64_layout";
@@ -114,7 +115,7 @@ impl Compiled {
         let here = vec64_layout_here();
         if let Some(l) = c.metadata.get(VEC64_LAYOUT).filter(|l| l.as_str() != here) {
             return Ok(Err(Some(format!(
-                "its vec2x64 and lut3 matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
+                "its vec2x64, lut3 and lut2 matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
             ))));
         }
         Ok(Ok(c))

@@ -20,6 +20,8 @@
 //!   broadcast and a 64-bit variable shift by `2q` bring both to the top of byte `m`).
 //! - lut2: 8 bytes, byte `b` holding the indices of `m = b, 8 + b, 16 + b, 24 + b` at bits
 //!   0–1, 2–3, 4–5, 6–7 (one 64-bit variable shift of a broadcast brings each to its byte).
+//!   Where the AVX-512 kernels run, a row's chunks go in groups of eight instead (64 bytes,
+//!   see [`lut2_quad_pos`]), and the chunks after its last whole group as above.
 //! - lut3: lut2's 8 bytes for the low two index bits, then a 32-bit word with bit 2 of each
 //!   index (bit `8k + 7 − d` for column `4d + k`); where the AVX-512 kernels run, one stream of 3-bit fields instead
 //!   (see [`six_bit_layout`]).
@@ -275,10 +277,11 @@ impl Kind {
         PASS_T / self.rows()
     }
 
-    /// Whether the kind packs to a stream of index fields where the AVX-512 kernels run
-    /// ([`six_bit_layout`]).
+    /// Whether the kind packs to a layout of its own where the AVX-512 kernels run
+    /// ([`six_bit_layout`]): a stream of index fields (vec2x64, lut3), groups of eight chunks
+    /// (lut2).
     fn has_stream_layout(self) -> bool {
-        matches!(self, Kind::Vec2x64 | Kind::Lut3)
+        matches!(self, Kind::Vec2x64 | Kind::Lut3 | Kind::Lut2)
     }
 
     /// Output rows per index row.
@@ -295,6 +298,27 @@ impl Kind {
 /// the top of byte `k` (`vpblendvb` and `vpmovb2m` read that bit).
 fn hi_bit(m: usize) -> usize {
     8 * (m % 4) + 7 - m / 4
+}
+
+/// Chunks per group of lut2's AVX-512 layout: four pairs in 64 bytes.
+const QUAD_CHUNKS: usize = 8;
+
+/// Chunks of a row of `nchunks` in whole groups of lut2's AVX-512 layout (the rest follow in
+/// the plain layout).
+fn lut2_quad_chunks(nchunks: usize) -> usize {
+    nchunks / QUAD_CHUNKS * QUAD_CHUNKS
+}
+
+/// Where lut2's AVX-512 layout keeps column `m` of chunk `c` of a group of eight: the byte
+/// and the bit of its two-bit field. Byte `b` of the group is position `b` of the 512-bit
+/// kernels' pair order (`[A 0–15 | B 0–15 | A 16–31 | B 16–31]`, `A`, `B` the chunks of a
+/// pair), and bits `2k..2k + 2` belong to pair `k`. One 64-byte load then serves four pairs:
+/// `vpermb` reads bits 0–5 of an index byte, so tables that repeat every 4, 16 and 64 entries
+/// give pairs 0, 1 and 2 by their own bits with no shift, and one 16-bit shift brings pair 3
+/// down (five instructions for 256 weights, where the plain layout took twelve).
+fn lut2_quad_pos(c: usize, m: usize) -> (usize, usize) {
+    let (k, s) = (c % QUAD_CHUNKS / 2, c % 2);
+    (32 * (m / 16) + 16 * s + m % 16, 2 * k)
 }
 
 /// A chunk's 32 indices as one little-endian stream of `width`-bit fields (index `m` at bits
@@ -969,7 +993,8 @@ pub struct DotLayout {
 /// [`set_avx512`] at the time of packing; a six-bit matrix met later by other kernels goes
 /// through the scalar reference. lut3 follows the same choice with three-bit fields (12 bytes a
 /// chunk, as its other layout): one `vpermb`, one `vpmultishiftqb` and the lookup per 64
-/// indices, where the two-bit fields and the word of bit 2 took seven instructions.
+/// indices, where the two-bit fields and the word of bit 2 took seven instructions. lut2 too:
+/// its chunks in groups of eight ([`lut2_quad_pos`]).
 pub fn six_bit_layout() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1106,9 +1131,17 @@ impl DotMatrix {
         let row_bytes = cin_pad / CHUNK * cb;
         let mut data = vec![0u8; groups * row_bytes + SLACK];
         if row_bytes > 0 {
+            let quads = if kind == Kind::Lut2 && six { lut2_quad_chunks(cin_pad / CHUNK) } else { 0 };
             data[..groups * row_bytes].par_chunks_mut(row_bytes).enumerate().for_each(|(g, row)| {
                 let at = |j: usize| if j < cin { get(g, j) } else { 0 };
-                for (c, out) in row.chunks_mut(cb).enumerate() {
+                for c in 0..quads {
+                    let group = &mut row[c / QUAD_CHUNKS * QUAD_CHUNKS * cb..];
+                    for m in 0..CHUNK {
+                        let (b, bit) = lut2_quad_pos(c, m);
+                        group[b] |= (at(c * CHUNK + m) & 3) << bit;
+                    }
+                }
+                for (c, out) in row.chunks_mut(cb).enumerate().skip(quads) {
                     let j0 = c * CHUNK;
                     match kind {
                         Kind::Int8 => (0..32).for_each(|m| out[m] = at(j0 + m)),
@@ -1329,8 +1362,13 @@ impl DotMatrix {
     fn chunk_weights(&self, row: &[u8], c: usize) -> [[i8; 32]; 2] {
         let cb = self.kind.chunk_bytes();
         let p = &row[c * cb..(c + 1) * cb];
+        let quads = if self.kind == Kind::Lut2 && self.six { lut2_quad_chunks(self.cin_pad / CHUNK) } else { 0 };
         let idx = |m: usize| -> usize {
-            if self.six {
+            if c < quads {
+                let (b, bit) = lut2_quad_pos(c, m);
+                return ((row[c / QUAD_CHUNKS * QUAD_CHUNKS * cb + b] >> bit) & 3) as usize;
+            }
+            if self.six && self.kind != Kind::Lut2 {
                 let width = if self.kind == Kind::Lut3 { 3 } else { 6 };
                 let bit = width * m;
                 let v = p[bit / 8] as usize | (p.get(bit / 8 + 1).copied().unwrap_or(0) as usize) << 8;
@@ -1517,7 +1555,7 @@ mod avx2 {
     /// `vpdpbusd` multiply and accumulate in one instruction where AVX2 takes two or three, and
     /// vec2x64's 64-entry lookups are one VBMI `vpermi2b` each.
     const X512: u8 = 8;
-    /// Added to vec2x64's AVX-512 variant: the six-bit layout ([`super::six_bit_layout`]).
+    /// Added to an AVX-512 variant: the kind's layout of its own (`super::six_bit_layout`).
     const SIX: u8 = 16;
 
     /// The kind without the instruction-set and layout bits.
@@ -1531,6 +1569,7 @@ mod avx2 {
     pub(super) const VEC64X: u8 = VEC64 | X512;
     pub(super) const VEC64S: u8 = VEC64 | X512 | SIX;
     pub(super) const LUT3S: u8 = LUT3 | X512 | SIX;
+    pub(super) const LUT2S: u8 = LUT2 | X512 | SIX;
     pub(super) const INT8X: u8 = INT8 | X512;
     /// Chunks per activation block.
     pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
@@ -1600,6 +1639,7 @@ mod avx2 {
                 Kind::Lut4 => go!(LUT4X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut3 if a.six => go!(LUT3S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut3 => go!(LUT3X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Lut2 if a.six => go!(LUT2S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut2 => go!(LUT2X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x16 => go!(VEC16X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x64 if a.six => go!(VEC64S, decode_rows_x512, pass_rows_x512, block_rows_x512),
@@ -1740,7 +1780,7 @@ mod avx2 {
         let zero = _mm256_setzero_si256();
         match K {
             LUT4 | LUT4X => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],
-            LUT2 | LUT2X => [_mm256_shuffle_epi8(tb.t[0], crumbs(p, tb.m15)), zero],
+            LUT2 | LUT2X | LUT2S => [_mm256_shuffle_epi8(tb.t[0], crumbs(p, tb.m15)), zero],
             LUT3 | LUT3X => {
                 let lo = crumbs(p, tb.m15);
                 // Bit 2 of each index to the top of its byte (`hi_bit`), then entries 0–3 or 4–7.
@@ -1797,6 +1837,24 @@ mod avx2 {
             }
             _ => [_mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), tb.flip), zero],
         }
+    }
+
+    /// Chunk `c` of the index row at `row` (`nchunks` chunks) as [`weights`] gives it. lut2's
+    /// AVX-512 layout keeps a chunk in eight-chunk groups (`super::lut2_quad_pos`): its
+    /// columns 0–15 and 16–31 are two 16-byte runs of the group, and its pair's bits in them
+    /// come down with one 16-bit shift.
+    #[inline(always)]
+    pub(super) unsafe fn weights_at<const K: u8>(row: *const u8, c: usize, nchunks: usize, tb: &Tabs) -> [__m256i; 2] {
+        if K == LUT2S && c < super::lut2_quad_chunks(nchunks) {
+            let g = row.add(c / super::QUAD_CHUNKS * 64);
+            let (k, s) = (c % super::QUAD_CHUNKS / 2, c % 2);
+            let lo = _mm_loadu_si128(g.add(16 * s) as *const __m128i);
+            let hi = _mm_loadu_si128(g.add(32 + 16 * s) as *const __m128i);
+            let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+            let idx = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), tb.m15);
+            return [_mm256_shuffle_epi8(tb.t[0], idx), _mm256_setzero_si256()];
+        }
+        weights::<K>(row.add(c * chunk_bytes(K)), tb)
     }
 
     /// 32 unsigned bytes as two vectors of 16-bit values, in the in-lane unpack order that the
@@ -2078,6 +2136,7 @@ mod avx2 {
             return match kind {
                 Kind::Lut4 => super::zmm::decode_f32::<LUT4X>(a),
                 Kind::Lut3 if a.six => super::zmm::decode_f32::<LUT3S>(a),
+                Kind::Lut2 if a.six => super::zmm::decode_f32::<LUT2S>(a),
                 Kind::Lut3 => super::zmm::decode_f32::<LUT3X>(a),
                 Kind::Lut2 => super::zmm::decode_f32::<LUT2X>(a),
                 Kind::Vec2x16 => super::zmm::decode_f32::<VEC16X>(a),
@@ -2111,7 +2170,7 @@ mod avx2 {
         for g in 0..n_idx {
             let p = row.add(g * row_bytes);
             for c in c0..cin.div_ceil(CHUNK) {
-                let w = weights::<K>(p.add(c * cb), &tb);
+                let w = weights_at::<K>(p, c, row_bytes / cb, &tb);
                 let m = (cin - c * CHUNK).min(CHUNK);
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                     let o = g * nw(K) + v;
@@ -2224,7 +2283,7 @@ mod avx2 {
         n: usize,
         acc: &mut [[[__m256i; 2]; 2]; T],
     ) {
-        let row = a.row.add(r * a.row_bytes + c0 * chunk_bytes(K));
+        let row = a.row.add(r * a.row_bytes);
         // Chunks in groups whose weights are all looked up before any is multiplied: the
         // out-of-order core then overlaps one group's lookups with the previous one's products.
         // Against one chunk per iteration (in L2, one thread, best of 30 alternated rounds,
@@ -2235,28 +2294,28 @@ mod avx2 {
         let mut i = 0;
         if nw(K) == 1 {
             while i + 4 <= n {
-                chunk_group::<K, P, T, 4>(a, tb, row, t0, c0 + i, i, acc);
+                chunk_group::<K, P, T, 4>(a, tb, row, t0, c0 + i, acc);
                 i += 4;
             }
         }
         // (Three at up to two activation rows; with four rows, 0.92× two.)
         if base(K) == VEC64 && T <= 2 {
             while i + 3 <= n {
-                chunk_group::<K, P, T, 3>(a, tb, row, t0, c0 + i, i, acc);
+                chunk_group::<K, P, T, 3>(a, tb, row, t0, c0 + i, acc);
                 i += 3;
             }
         }
         while i + 2 <= n {
-            chunk_group::<K, P, T, 2>(a, tb, row, t0, c0 + i, i, acc);
+            chunk_group::<K, P, T, 2>(a, tb, row, t0, c0 + i, acc);
             i += 2;
         }
         if i < n {
-            chunk_group::<K, P, T, 1>(a, tb, row, t0, c0 + i, i, acc);
+            chunk_group::<K, P, T, 1>(a, tb, row, t0, c0 + i, acc);
         }
     }
 
-    /// Chunks `i..i + U` of the index row at `row` (chunk `c` of the activations onward) into
-    /// `acc`: all `U` chunks' weights first, then their products.
+    /// Chunks `c..c + U` of the index row at `row` into `acc`: all `U` chunks' weights first,
+    /// then their products.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn chunk_group<const K: u8, const P: usize, const T: usize, const U: usize>(
@@ -2265,7 +2324,6 @@ mod avx2 {
         row: *const u8,
         t0: usize,
         c: usize,
-        i: usize,
         acc: &mut [[[__m256i; 2]; 2]; T],
     ) {
         // One request per cache line of the group (INT8's four chunks span two). The kinds
@@ -2274,7 +2332,7 @@ mod avx2 {
         // vec2x16 and vec2x64, bound by their instructions here, lost 6–20 % that way, since
         // their loads then wait on L2: they keep `PREFETCH_L1` into L1.
         for line in (0..U * chunk_bytes(K)).step_by(64) {
-            let p = row.wrapping_add(i * chunk_bytes(K) + line);
+            let p = row.wrapping_add(c * chunk_bytes(K) + line);
             if nw(K) == 1 {
                 prefetch_l2(p);
             } else {
@@ -2283,7 +2341,7 @@ mod avx2 {
         }
         let mut ws = [[_mm256_setzero_si256(); 2]; U];
         for (u, w) in ws.iter_mut().enumerate() {
-            *w = weights::<K>(row.add((i + u) * chunk_bytes(K)), tb);
+            *w = weights_at::<K>(row, c + u, a.nchunks, tb);
         }
         for (u, w) in ws.iter().enumerate() {
             for (v, &wv) in w.iter().enumerate().take(nw(K)) {
@@ -2355,7 +2413,6 @@ mod avx2 {
     /// `NO` output rows from index row `r0` on, for every activation row (`t ≤ MAX_T`).
     #[inline(always)]
     unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb: &Tabs, r0: usize) {
-        let cb = chunk_bytes(K);
         let zero = _mm256_setzero_si256();
         let o0 = r0 * nw(K);
         // Per output row, per chunk: the low and high 16-lane halves, and the bytes themselves
@@ -2368,7 +2425,7 @@ mod avx2 {
             for i in 0..NO.div_ceil(nw(K)) {
                 let row = a.row.add((r0 + i) * a.row_bytes);
                 for c in 0..nc {
-                    let w = weights::<K>(row.add((c0 + c) * cb), tb);
+                    let w = weights_at::<K>(row, c0 + c, a.nchunks, tb);
                     for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                         let o = i * nw(K) + v;
                         if o < NO {

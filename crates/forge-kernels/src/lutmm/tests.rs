@@ -598,8 +598,9 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
     let mut rng = Rng(11);
     for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
         // Chunks: 1 (no pair), 3 (a pair and one left over), 66 (a full block, then a pair),
-        // 65 (a full block, then one left over), 18.
-        for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (20, 2048 + 10), (130, 576)] {
+        // 65 (a full block, then one left over), 18, 75 (a full block, then lut2's group of
+        // eight, a pair and one left over).
+        for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (20, 2048 + 10), (130, 576), (6, 2048 + 340)] {
             let (int8, lut) = if format == Format::Int8 {
                 (Some(random_int8(cout, cin, &mut rng)), None)
             } else {

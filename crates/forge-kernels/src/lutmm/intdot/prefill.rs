@@ -297,9 +297,7 @@ pub(crate) fn gemm_many_int(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, 
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::avx2::{
-        chunk_bytes, nw, tabs, weights, INT8X, LUT2X, LUT3S, LUT3X, LUT4X, VEC16X, VEC64S, VEC64X,
-    };
+    use super::super::avx2::{nw, tabs, weights_at, INT8X, LUT2S, LUT2X, LUT3S, LUT3X, LUT4X, VEC16X, VEC64S, VEC64X};
     use super::super::Kind;
     use super::{DotMatrix, PlaneX, CHUNK, PANEL, PBLOCK, TILE_T, XMAX1, XMAX2};
     use std::arch::x86_64::*;
@@ -312,6 +310,7 @@ mod x86 {
             Kind::Lut4 => decode_u8_k::<LUT4X>(m, g0, n_idx, out),
             Kind::Lut3 if m.six => decode_u8_k::<LUT3S>(m, g0, n_idx, out),
             Kind::Lut3 => decode_u8_k::<LUT3X>(m, g0, n_idx, out),
+            Kind::Lut2 if m.six => decode_u8_k::<LUT2S>(m, g0, n_idx, out),
             Kind::Lut2 => decode_u8_k::<LUT2X>(m, g0, n_idx, out),
             Kind::Vec2x16 => decode_u8_k::<VEC16X>(m, g0, n_idx, out),
             Kind::Vec2x64 if m.six => decode_u8_k::<VEC64S>(m, g0, n_idx, out),
@@ -323,12 +322,12 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
     unsafe fn decode_u8_k<const K: u8>(m: &DotMatrix, g0: usize, n_idx: usize, out: *mut u8) {
         let tb = tabs(K, m.tables.as_ptr() as *const i8, true);
-        let cb = chunk_bytes(K);
         let data = m.data.bytes().as_ptr();
+        let nchunks = m.cin_pad / CHUNK;
         for g in 0..n_idx {
             let p = data.add((g0 + g) * m.row_bytes);
-            for c in 0..m.cin_pad / CHUNK {
-                let w = weights::<K>(p.add(c * cb), &tb);
+            for c in 0..nchunks {
+                let w = weights_at::<K>(p, c, nchunks, &tb);
                 for (v, wv) in w.iter().enumerate().take(nw(K)) {
                     let dst = out.add((g * nw(K) + v) * m.cin_pad + c * CHUNK);
                     _mm256_storeu_si256(dst as *mut __m256i, *wv);

@@ -25,7 +25,7 @@
 
 use super::avx2::{
     chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, prefetch_l2, reduce, reduce8, six_shifts256,
-    tabs, three_shifts256, Tabs, INT8X, LUT2X, LUT3S, LUT3X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
+    tabs, three_shifts256, Tabs, INT8X, LUT2S, LUT2X, LUT3S, LUT3X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
 };
 use super::{Args, DecodeArgs, CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -37,9 +37,10 @@ const U: usize = 2;
 /// The tables of a kind for 512-bit lookups, as signed weights or as unsigned `w + 128` (the
 /// dot kernels; INT8 bytes are flipped likewise): lut4 and vec2x16 broadcast to the four
 /// 128-bit lanes (a 64-entry `vpermb` table whose 16 entries repeat), vec2x64 one 64-entry
-/// table per component (`vpermb` reads six index bits).
+/// table per component (`vpermb` reads six index bits), lut2's four-pair groups the entries
+/// repeated every 4, 16 and 64 bytes ([`weights_quad`]).
 struct Tabs512 {
-    t: [__m512i; 2],
+    t: [__m512i; 3],
     flip: __m512i,
 }
 
@@ -51,23 +52,86 @@ unsafe fn tabs512(k: u8, tables: *const i8, unsigned: bool) -> Tabs512 {
         _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(tables.add(16 * i) as *const __m128i)), flip)
     };
     let t = match k {
-        LUT4X | LUT2X => [b16(0), z],
-        VEC16X | LUT3X => [b16(0), b16(1)],
+        LUT4X | LUT2X => [b16(0), z, z],
+        VEC16X | LUT3X => [b16(0), b16(1), z],
+        // Entry `i & 3` (lut2's table repeats every four), `(i >> 2) & 3` and `(i >> 4) & 3`.
+        LUT2S => {
+            let t = b16(0);
+            [t, _mm512_permutexvar_epi8(quad_ctrl::<2>(), t), _mm512_permutexvar_epi8(quad_ctrl::<4>(), t)]
+        }
         // Entries 0–7 repeated: bytes 4–7 of every eight from the table of entries 4–7.
-        LUT3S => [_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, b16(0), b16(1)), z],
+        LUT3S => [_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, b16(0), b16(1)), z, z],
         VEC64X | VEC64S => {
             let t64 = |v: usize| _mm512_xor_si512(_mm512_loadu_si512(tables.add(64 * v) as *const _), flip);
-            [t64(0), t64(1)]
+            [t64(0), t64(1), z]
         }
-        _ => [z, z],
+        _ => [z, z, z],
     };
     Tabs512 { t, flip }
+}
+
+/// A `vpermb` control whose byte `i` is `(i >> S) & 3`: lut2's table of four entries
+/// repeated every `4 << S` bytes, from the one repeated every four.
+#[inline(always)]
+unsafe fn quad_ctrl<const S: u32>() -> __m512i {
+    _mm512_and_si512(_mm512_srli_epi16::<S>(_mm512_loadu_si512(IOTA.as_ptr() as *const _)), _mm512_set1_epi8(3))
+}
+
+/// Bytes 0, 1, …, 63.
+const IOTA: [u8; 64] = {
+    let mut c = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        c[i] = i as u8;
+        i += 1;
+    }
+    c
+};
+
+/// Chunk pairs per group of lut2's AVX-512 layout (64 bytes; see `super::lut2_quad_pos`).
+const QUAD: usize = 4;
+
+/// Pair `u` of the group of lut2's AVX-512 layout whose 64 bytes are `v`, as 64 unsigned
+/// weights in pair order: pairs 0–2 by tables that read their own two bits of each byte, pair
+/// 3 by the first table after a shift. Against four plain pairs (a `vpermb` spread, a shift
+/// and a lookup each; `kernel_ab`, rounds alternated), 1.21× on 256×5120 in L2 on one thread
+/// and 1.12–1.28× on 17408×5120 from memory on two.
+#[inline(always)]
+unsafe fn quad_pair(v: __m512i, u: usize, tb: &Tabs512) -> __m512i {
+    match u {
+        0 => _mm512_permutexvar_epi8(v, tb.t[0]),
+        1 => _mm512_permutexvar_epi8(v, tb.t[1]),
+        2 => _mm512_permutexvar_epi8(v, tb.t[2]),
+        _ => _mm512_permutexvar_epi8(_mm512_srli_epi16::<6>(v), tb.t[0]),
+    }
+}
+
+/// The four pairs of the group of lut2's AVX-512 layout at `p` ([`quad_pair`]).
+#[inline(always)]
+unsafe fn weights_quad(p: *const u8, tb: &Tabs512) -> [__m512i; QUAD] {
+    let v = _mm512_loadu_si512(p as *const _);
+    std::array::from_fn(|u| quad_pair(v, u, tb))
+}
+
+/// Pairs of the block from chunk `c` (`n` chunks) that lie in whole groups of lut2's AVX-512
+/// layout (none for the other kinds), a multiple of [`QUAD`].
+#[inline(always)]
+fn quad_pairs<const K: u8>(nchunks: usize, c: usize, n: usize) -> usize {
+    if K == LUT2S {
+        super::lut2_quad_chunks(nchunks).saturating_sub(c).min(n) / 2
+    } else {
+        0
+    }
 }
 
 /// The pair of chunks at `p` (chunk `A` at `p`, `B` one chunk on) as `nw(K)` vectors of 64
 /// unsigned weights in pair order.
 #[inline(always)]
 unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
+    if K == LUT2S {
+        // A pair after the row's last whole group: the plain layout.
+        return weights2::<LUT2X>(p, tb);
+    }
     let z = _mm512_setzero_si512();
     // Low nibbles in lanes 0 and 1, high nibbles in lanes 2 and 3.
     let nib_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
@@ -292,6 +356,16 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
         let x2 = a.xq2.add(c * CHUNK) as *const __m512i;
         let np = n / 2;
         let mut i = 0;
+        // lut2's whole groups, alternating the two chains.
+        while i < quad_pairs::<K>(a.nchunks, c, n) {
+            let p = row.add(2 * i * cb);
+            prefetch_lines(p, 2 * QUAD * cb);
+            let w = weights_quad(p, tb);
+            for (u, &wv) in w.iter().enumerate() {
+                mac_pair::<P>(&mut acc[u % U][0], wv, xhl.add((i + u) * 4 * CHUNK), x2.add(i + u));
+            }
+            i += QUAD;
+        }
         while i + U <= np {
             prefetch_lines(row.add(2 * i * cb), 2 * U * cb);
             for (u, au) in acc.iter_mut().enumerate() {
@@ -332,30 +406,55 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
     lanes
 }
 
-/// Index rows `r` and `r + 1` together, each pair's activations loaded once for both rows:
-/// the same sums as two [`row_lanes`] (the integer sums are exact in any order, and the f32
-/// steps are the same). Halving the activation loads, and reading two weight streams at once,
-/// took decode 1.00–1.20× on 17408×5120 and 5120×17408 read from memory (the wide rows'
+/// Index rows `r..r + R` together, each pair's activations loaded once for all of them: the
+/// same sums as `R` [`row_lanes`] (the integer sums are exact in any order, and the f32 steps
+/// are the same). Two rows, halving the activation loads and reading two weight streams at
+/// once, took decode 1.00–1.20× on 17408×5120 and 5120×17408 read from memory (the wide rows'
 /// activations outgrow L1) and 1.02–1.29× on SmolLM2's shapes in cache, 2 threads, rounds
-/// alternated in one process. Four rows at a time (lut4, INT8) was not faster.
+/// alternated in one process. Four rows at a time (lut4, INT8) was not faster; lut2, whose
+/// four-pair groups need the fewest instructions per weight, takes four: 1.07× two rows on
+/// 256×5120 in L2 on one thread, 1.03–1.08× on 17408×5120 from memory on two.
 #[inline(always)]
-unsafe fn rows2_lanes<const K: u8, const P: usize>(
+unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
     a: &Args,
     tb: &Tabs512,
     tb256: &super::avx2::Tabs,
     r: usize,
-) -> [[__m256; 2]; 2] {
+) -> [[__m256; 2]; R] {
     let cb = chunk_bytes(K);
     let z = _mm512_setzero_si512();
-    let mut lanes = [[_mm256_setzero_ps(); 2]; 2];
+    let mut lanes = [[_mm256_setzero_ps(); 2]; R];
     let mut c = 0usize;
     for b in 0..a.nblocks {
         let n = PER_BLOCK.min(a.nchunks - c);
-        let mut acc = [[[z; 3]; 2]; 2];
-        let rows = [a.row.add(r * a.row_bytes + c * cb), a.row.add((r + 1) * a.row_bytes + c * cb)];
+        let mut acc = [[[z; 3]; 2]; R];
+        let rows: [*const u8; R] = std::array::from_fn(|i| a.row.add((r + i) * a.row_bytes + c * cb));
         let xhl = a.xhl.add(c / 2 * 4 * CHUNK);
         let x2 = a.xq2.add(c * CHUNK) as *const __m512i;
-        for i in 0..n / 2 {
+        let nq = quad_pairs::<K>(a.nchunks, c, n);
+        // lut2's whole groups pair by pair, each pair's activations loaded once for the rows.
+        for i in (0..nq).step_by(QUAD) {
+            let mut v = [z; R];
+            for (vr, row) in v.iter_mut().zip(rows) {
+                let p = row.add(2 * i * cb);
+                prefetch_lines(p, 2 * QUAD * cb);
+                *vr = _mm512_loadu_si512(p as *const _);
+            }
+            for u in 0..QUAD {
+                let xp = xhl.add((i + u) * 4 * CHUNK);
+                let (h, l) = (_mm512_loadu_si512(xp as *const _), _mm512_loadu_si512(xp.add(64) as *const _));
+                let x2v = if P == 2 { _mm512_loadu_si512(x2.add(i + u) as *const _) } else { z };
+                for (ar, &vr) in acc.iter_mut().zip(&v) {
+                    let w = quad_pair(vr, u, tb);
+                    ar[0][0] = _mm512_dpbusd_epi32(ar[0][0], w, h);
+                    ar[0][1] = _mm512_dpbusd_epi32(ar[0][1], w, l);
+                    if P == 2 {
+                        ar[0][2] = _mm512_dpbusd_epi32(ar[0][2], w, x2v);
+                    }
+                }
+            }
+        }
+        for i in nq..n / 2 {
             for (ar, row) in acc.iter_mut().zip(rows) {
                 let p = row.add(2 * i * cb);
                 if i % 2 == 0 {
@@ -403,8 +502,14 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
     let mut r = 0;
     while r + per <= a.n_rows {
         let mut lanes = [[_mm256_setzero_ps(); 2]; 8];
-        for i in (0..per).step_by(2) {
-            [lanes[i], lanes[i + 1]] = rows2_lanes::<K, P>(a, &tb, &tb256, r + i);
+        if K == LUT2S {
+            for i in (0..per).step_by(4) {
+                lanes[i..i + 4].copy_from_slice(&rows_lanes::<K, P, 4>(a, &tb, &tb256, r + i));
+            }
+        } else {
+            for i in (0..per).step_by(2) {
+                [lanes[i], lanes[i + 1]] = rows_lanes::<K, P, 2>(a, &tb, &tb256, r + i);
+            }
         }
         let mut v = [_mm256_setzero_ps(); 8];
         for (i, l) in lanes.iter().enumerate().take(per) {
@@ -448,6 +553,8 @@ pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
                 (Kind::Lut3, _) if a.six => $f::<LUT3S, 1>(a),
                 (Kind::Lut3, 2) => $f::<LUT3X, 2>(a),
                 (Kind::Lut3, _) => $f::<LUT3X, 1>(a),
+                (Kind::Lut2, 2) if a.six => $f::<LUT2S, 2>(a),
+                (Kind::Lut2, _) if a.six => $f::<LUT2S, 1>(a),
                 (Kind::Lut2, 2) => $f::<LUT2X, 2>(a),
                 (Kind::Lut2, _) => $f::<LUT2X, 1>(a),
                 (Kind::Vec2x16, 2) => $f::<VEC16X, 2>(a),
@@ -481,20 +588,35 @@ pub(super) unsafe fn decode_f32<const K: u8>(a: &DecodeArgs) {
     let cb = chunk_bytes(K);
     let pairs = cin / (2 * CHUNK);
     let f32s = |b: __m128i, s: __m512| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+    let nq = quad_pairs::<K>(row_bytes / cb, 0, cin.div_ceil(CHUNK));
     for g in 0..n_idx {
         let p = row.add(g * row_bytes);
-        for i in 0..pairs {
-            let w = weights2::<K>(p.add(2 * i * cb), &tb);
-            for (v, &wv) in w.iter().enumerate().take(nw(K)) {
-                let o = g * nw(K) + v;
-                let s = _mm512_set1_ps(*scale.add(o));
-                let dst = out.add(o * cin + 2 * i * CHUNK);
-                // Lanes [A 0–15 | B 0–15 | A 16–31 | B 16–31] to columns 0, 32, 16, 48.
-                _mm512_storeu_ps(dst, f32s(_mm512_castsi512_si128(wv), s));
-                _mm512_storeu_ps(dst.add(32), f32s(_mm512_extracti32x4_epi32::<1>(wv), s));
-                _mm512_storeu_ps(dst.add(16), f32s(_mm512_extracti32x4_epi32::<2>(wv), s));
-                _mm512_storeu_ps(dst.add(48), f32s(_mm512_extracti32x4_epi32::<3>(wv), s));
+        let mut i = 0;
+        while i < pairs {
+            // A whole group of lut2's AVX-512 layout, or one pair.
+            let mut ws = [[_mm512_setzero_si512(); 2]; QUAD];
+            let m = if i < nq {
+                for (w, q) in ws.iter_mut().zip(weights_quad(p.add(2 * i * cb), &tb)) {
+                    w[0] = q;
+                }
+                QUAD.min(pairs - i)
+            } else {
+                ws[0] = weights2::<K>(p.add(2 * i * cb), &tb);
+                1
+            };
+            for (u, w) in ws.iter().enumerate().take(m) {
+                for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                    let o = g * nw(K) + v;
+                    let s = _mm512_set1_ps(*scale.add(o));
+                    let dst = out.add(o * cin + 2 * (i + u) * CHUNK);
+                    // Lanes [A 0–15 | B 0–15 | A 16–31 | B 16–31] to columns 0, 32, 16, 48.
+                    _mm512_storeu_ps(dst, f32s(_mm512_castsi512_si128(wv), s));
+                    _mm512_storeu_ps(dst.add(32), f32s(_mm512_extracti32x4_epi32::<1>(wv), s));
+                    _mm512_storeu_ps(dst.add(16), f32s(_mm512_extracti32x4_epi32::<2>(wv), s));
+                    _mm512_storeu_ps(dst.add(48), f32s(_mm512_extracti32x4_epi32::<3>(wv), s));
+                }
             }
+            i += m;
         }
     }
     decode_f32_from::<K>(a, 2 * pairs);
@@ -546,7 +668,15 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
         let np = nc / 2;
         for i in 0..NO.div_ceil(nw(K)) {
             let row = a.row.add((r0 + i) * a.row_bytes + c0 * cb);
-            for q in 0..np {
+            let nq = quad_pairs::<K>(a.nchunks, c0, nc);
+            for q in (0..nq).step_by(QUAD) {
+                for (u, w) in weights_quad(row.add(2 * q * cb), tb).into_iter().enumerate() {
+                    if i < NO {
+                        wbuf[i * PAIRS + q + u] = w;
+                    }
+                }
+            }
+            for q in nq..np {
                 let w = weights2::<K>(row.add(2 * q * cb), tb);
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                     let o = i * nw(K) + v;
