@@ -58,7 +58,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     let prepare_s = t0.elapsed().as_secs_f64();
     let bytes_per_token: usize = model.linears().iter().map(|l| l.weight_bytes()).sum();
-    let fast = measure(model, &a, Some(&probe))?;
+    let wprobe = WeightProbe::new(model);
+    let fast = measure(model, &a, Some((&probe, &wprobe)))?;
     let reference = if a.reference {
         lutmm::set_fast_path(false);
         let r = measure(model, &a, None);
@@ -70,9 +71,21 @@ pub fn run(a: Args) -> Result<()> {
     let split = decode_split(model, &a)?;
     let mem = memory(model, &fast.session);
     let eff = |tok_s: f64| bytes_per_token as f64 * tok_s / 1e9;
-    // Each timed run's effective GB/s against the probe pass just before it.
+    // Each paired token's weight bytes over its time, against the mean of the probe passes
+    // just before and just after it.
     let bw = median(fast.bandwidth.clone());
-    let fraction = median(fast.decode_runs.iter().zip(&fast.bandwidth).map(|(&d, &b)| eff(d) / b).collect());
+    let against = |probes: &[f64]| {
+        median(
+            fast.paired
+                .iter()
+                .zip(probes.windows(2))
+                .map(|(&secs, b)| bytes_per_token as f64 / secs / 1e9 / ((b[0] + b[1]) / 2.0))
+                .collect(),
+        )
+    };
+    let fraction = against(&fast.bandwidth);
+    let weights_read =
+        (!fast.weights_bw.is_empty()).then(|| (median(fast.weights_bw.clone()), against(&fast.weights_bw)));
     // The probe's buffer is held through the runs; the model's own peak is what is left.
     let peak = peak_rss().map(|p| p.saturating_sub(probe.bytes() as u64));
     let gb = |b: usize| b as f64 / (1u64 << 30) as f64;
@@ -93,9 +106,14 @@ pub fn run(a: Args) -> Result<()> {
             "bandwidth_gb_s": bw,
             "bandwidth_fraction": fraction,
             "bandwidth_runs_gb_s": fast.bandwidth,
+            "bandwidth_paired_tokens": fast.paired.len(),
+            "weights_read_gb_s": weights_read.map(|w| w.0),
+            "weights_read_fraction": weights_read.map(|w| w.1),
+            "weights_read_runs_gb_s": fast.weights_bw,
             "pack_s": prepare_s,
             "peak_rss_bytes": peak,
             "decode_split_ms_per_token": split.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "decode_split_weight_bytes": part_weight_bytes(model).into_iter().map(|(k, b)| (k, json!(b))).collect::<serde_json::Map<_, _>>(),
             "memory_bytes": {
                 "weights": mem.weights,
                 "packed": mem.packed,
@@ -137,15 +155,21 @@ pub fn run(a: Args) -> Result<()> {
         }
         println!("weights/token    {:.1} MB", bytes_per_token as f64 / 1e6);
         println!(
-            "effective        {:.2} GB/s ({:.0} % of the read bandwidth: median over the runs, each against a probe just before it)",
+            "effective        {:.2} GB/s; {:.0} % of the read bandwidth{} (medians over {} tokens, each timed between two passes of each probe and set against their mean)",
             eff(fast.decode),
-            100.0 * fraction
+            100.0 * fraction,
+            weights_read.map_or(String::new(), |w| format!(", {:.0} % of its weights' own read rate", 100.0 * w.1)),
+            fast.paired.len()
         );
         println!(
-            "read bandwidth   {bw:.2} GB/s, median of {} probes ({} threads, {:.2} GiB buffer)",
+            "read bandwidth   {bw:.2} GB/s, median of {} probes ({} threads, {:.2} GiB buffer){}",
             fast.bandwidth.len(),
             threads,
-            a.bandwidth_gib
+            a.bandwidth_gib,
+            weights_read.map_or(String::new(), |w| format!(
+                "; the weights' own pages {:.2} GB/s (a pass over the packed matrices, as the kernels read them)",
+                w.0
+            ))
         );
         println!("packing          {prepare_s:.2} s");
         if let Some(p) = peak {
@@ -155,8 +179,18 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         let total: f64 = split.iter().map(|(_, v)| v).sum();
-        let parts: Vec<String> =
-            split.iter().map(|(k, v)| format!("{k} {v:.2} ms ({:.0} %)", 100.0 * v / total.max(1e-12))).collect();
+        let part_bytes = part_weight_bytes(model);
+        let parts: Vec<String> = split
+            .iter()
+            .map(|(k, v)| {
+                // A part's weight bytes over its time, next to the probe: where decode falls short.
+                let rate = part_bytes
+                    .iter()
+                    .find(|(p, b)| p == k && *b > 0 && *v > 0.0)
+                    .map_or(String::new(), |(_, b)| format!(", {:.1} GB/s", *b as f64 / (v * 1e-3) / 1e9));
+                format!("{k} {v:.2} ms ({:.0} %{rate})", 100.0 * v / total.max(1e-12))
+            })
+            .collect();
         println!("decode split     {} per token", parts.join(", "));
         println!(
             "memory           weights {:.3} GiB, packed {:.3} GiB, KV cache {:.1} MiB, recurrent state {:.1} MiB, scratch {:.1} MiB",
@@ -182,9 +216,11 @@ fn peak_rss() -> Option<u64> {
 struct Speeds {
     prefill: f64,
     decode: f64,
-    /// Decode tok/s of each timed run, and the probe's GB/s just before it (empty without one).
-    decode_runs: Vec<f64>,
+    /// Seconds of each token decoded between two probe passes, and the passes' GB/s, one more
+    /// than tokens (all empty without a probe), of the buffer and of the weights.
+    paired: Vec<f64>,
     bandwidth: Vec<f64>,
+    weights_bw: Vec<f64>,
     /// Heap allocations per token in the timed decode loops.
     allocs_per_token: f64,
     session: Session,
@@ -196,8 +232,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Prefill `prompt_tokens` synthetic tokens, then greedy-decode `gen_tokens`; median over repeats
-/// after one untimed warm-up, each run after a pass of `probe` when given.
-fn measure(model: &Model, a: &Args, probe: Option<&Probe>) -> Result<Speeds> {
+/// after one untimed warm-up. With `probe`, then as many tokens again (at least 8) decoded one
+/// at a time between passes of it: on a shared machine the bandwidth can move by half within
+/// seconds (the 27B shape's runs saw 33, 51 and 50 GB/s in three passes a run apart), so a
+/// token is set against the passes on either side of it, not against one taken a run before.
+fn measure(model: &Model, a: &Args, probe: Option<(&Probe, &WeightProbe)>) -> Result<Speeds> {
     let prompt = forge_model::generate::synthetic_prompt(model.cfg.vocab_size, a.prompt_tokens.max(1));
     let once = |gen: usize| -> Result<(f64, f64, u64, Session)> {
         // The caches are sized for the whole run up front, as llama.cpp sizes its context:
@@ -220,30 +259,46 @@ fn measure(model: &Model, a: &Args, probe: Option<&Probe>) -> Result<Speeds> {
     };
     // All runs on one pool worker, as a server's decode loop runs, instead of each token being
     // handed to the pool from outside (and each run warming another worker's scratch).
-    let (p, d, bw, allocs, last) = rayon::scope(|_| -> Result<_> {
+    let (p, d, paired, bw, wbw, allocs, last) = rayon::scope(|_| -> Result<_> {
         once(4)?;
-        let (mut p, mut d, mut bw, mut allocs, mut last) = (Vec::new(), Vec::new(), Vec::new(), 0, None);
+        let (mut p, mut d, mut allocs, mut last) = (Vec::new(), Vec::new(), 0, None);
         for _ in 0..a.repeats.max(1) {
-            if let Some(probe) = probe {
-                bw.push(probe.pass());
-                // The pass evicted the caches: one untimed token brings back what of the model
-                // fits, as the runs before the probe had it.
-                model.forward(&mut model.new_session(), &prompt[..1], Logits::Last)?;
-            }
             let (pf, dc, n, sess) = once(a.gen_tokens)?;
             p.push(pf);
             d.push(dc);
             allocs += n;
             last = Some(sess);
         }
-        Ok((p, d, bw, allocs, last))
+        let (mut paired, mut bw, mut wbw) = (Vec::new(), Vec::new(), Vec::new());
+        if let Some((probe, wprobe)) = probe {
+            let n = (a.repeats.max(1) * a.gen_tokens).max(8);
+            let mut sess = model.new_session();
+            sess.reserve(prompt.len() + n);
+            let mut logits = model.forward(&mut sess, &prompt, Logits::Last)?;
+            let mut passes = || {
+                bw.push(probe.pass());
+                if !wprobe.is_empty() {
+                    wbw.push(wprobe.pass());
+                }
+            };
+            passes();
+            for _ in 0..n {
+                let tok = forge_model::sampling::argmax(&logits);
+                let t0 = Instant::now();
+                model.forward_into(&mut sess, &[tok], Logits::Last, &mut logits)?;
+                paired.push(t0.elapsed().as_secs_f64().max(1e-9));
+                passes();
+            }
+        }
+        Ok((p, d, paired, bw, wbw, allocs, last))
     })?;
     let tokens = (a.repeats.max(1) * a.gen_tokens).max(1) as f64;
     Ok(Speeds {
         prefill: median(p),
-        decode: median(d.clone()),
-        decode_runs: d,
+        decode: median(d),
+        paired,
         bandwidth: bw,
+        weights_bw: wbw,
         allocs_per_token: allocs as f64 / tokens,
         session: last.expect("one repeat"),
     })
@@ -273,6 +328,26 @@ fn decode_split(model: &Model, a: &Args) -> Result<Vec<(String, f64)>> {
     let covered: f64 = out.iter().map(|(_, v)| v).sum();
     out.push(("other".into(), (1e3 * wall / n as f64 - covered).max(0.0)));
     Ok(out)
+}
+
+/// Weight bytes a decoded token reads per part of the decode split (the names of
+/// `forge_model::profile::Part`).
+fn part_weight_bytes(model: &Model) -> Vec<(String, usize)> {
+    use forge_model::model::Mixer;
+    let (mut attn, mut delta, mut mlp) = (0, 0, 0);
+    for l in &model.layers {
+        match &l.mixer {
+            Mixer::Attention(a) => attn += [&a.q, &a.k, &a.v, &a.o].iter().map(|l| l.weight_bytes()).sum::<usize>(),
+            Mixer::DeltaNet(d) => {
+                delta += [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out].iter().map(|l| l.weight_bytes()).sum::<usize>()
+            }
+        }
+        mlp += [&l.mlp.gate, &l.mlp.up, &l.mlp.down].iter().map(|l| l.weight_bytes()).sum::<usize>();
+    }
+    [("attention", attn), ("deltanet", delta), ("mlp", mlp), ("head", model.head.weight_bytes())]
+        .into_iter()
+        .map(|(k, b)| (k.to_string(), b))
+        .collect()
 }
 
 struct Memory {
@@ -361,6 +436,55 @@ impl Probe {
         });
         std::hint::black_box(sink.load(Ordering::Relaxed));
         (tasks * STREAMS * seg * 8) as f64 / secs / 1e9
+    }
+}
+
+/// A probe over the model's own packed weights: every integer-dot matrix's index rows, in the
+/// order decode reads them, cut into [`PROBE_TASK`]-byte pieces claimed by the team's workers
+/// and read as [`Probe::pass`] reads its buffer. Where the weights lie (a memory-mapped cache
+/// in the page cache, or this process's memory) can read at another speed than a fresh buffer:
+/// on the 2-vCPU Zen 4 the 27B shape's weights read 33–36 GB/s while the 1 GiB buffer of the
+/// same process read 46–52 at times, so decode is also set against this pass.
+pub struct WeightProbe {
+    mats: Vec<std::sync::Arc<PackedMatrix>>,
+    /// Matrix, and the byte range of its index rows.
+    pieces: Vec<(usize, std::ops::Range<usize>)>,
+}
+
+impl WeightProbe {
+    pub fn new(model: &Model) -> WeightProbe {
+        let (mut mats, mut pieces) = (Vec::new(), Vec::new());
+        for l in model.linears() {
+            let Some(p) = l.packed.get(&l.weight) else { continue };
+            let Some(n) = p.index_bytes().map(<[u8]>::len) else { continue };
+            pieces.extend((0..n).step_by(PROBE_TASK).map(|s| (mats.len(), s..(s + PROBE_TASK).min(n))));
+            mats.push(p);
+        }
+        WeightProbe { mats, pieces }
+    }
+
+    /// Whether there is anything to read (a model without integer-dot matrices has not).
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// One pass over the weights, GB/s of the bytes read.
+    pub fn pass(&self) -> f64 {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let (sink, read) = (AtomicU64::new(0), AtomicUsize::new(0));
+        let secs = forge_kernels::team::with_team(|| {
+            let t0 = Instant::now();
+            forge_kernels::team::parallel_for(self.pieces.len(), &|k| {
+                let (m, r) = &self.pieces[k];
+                let bytes = &self.mats[*m].index_bytes().expect("an integer-dot matrix")[r.clone()];
+                let (v, n) = forge_kernels::stream::sum_bytes(bytes, STREAMS);
+                sink.fetch_add(v, Ordering::Relaxed);
+                read.fetch_add(n, Ordering::Relaxed);
+            });
+            t0.elapsed().as_secs_f64()
+        });
+        std::hint::black_box(sink.load(Ordering::Relaxed));
+        read.load(Ordering::Relaxed) as f64 / secs / 1e9
     }
 }
 

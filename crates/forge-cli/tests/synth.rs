@@ -224,6 +224,20 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
     for part in ["attention", "deltanet", "mlp", "head"] {
         assert!(j["decode_split_ms_per_token"][part].as_f64().unwrap() > 0.0, "{part}: {out}");
     }
+    // The parts' weight bytes are every matrix's, once.
+    let parts: f64 = ["attention", "deltanet", "mlp", "head"]
+        .iter()
+        .map(|p| j["decode_split_weight_bytes"][p].as_f64().unwrap_or_else(|| panic!("bytes of {p}: {out}")))
+        .sum();
+    assert_eq!(parts, num("weight_bytes_per_token"), "{out}");
+    // 8 tokens (repeats × generated, at least 8) each timed between passes of both probes.
+    assert_eq!(num("bandwidth_paired_tokens"), 8.0, "{out}");
+    for k in ["bandwidth_runs_gb_s", "weights_read_runs_gb_s"] {
+        let runs = j[k].as_array().unwrap_or_else(|| panic!("no '{k}' in {out}"));
+        assert_eq!(runs.len(), 9, "{k}: {out}");
+        assert!(runs.iter().all(|v| v.as_f64().unwrap() > 0.0), "{k}: {out}");
+    }
+    assert!(num("weights_read_gb_s") > 0.0 && num("weights_read_fraction") > 0.0, "{out}");
     // An f16 KV cache holds the same positions in half the bytes.
     assert_eq!(j["kv_cache_dtype"], "f32", "{out}");
     let d = dir.to_str().unwrap();

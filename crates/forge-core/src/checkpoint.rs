@@ -65,6 +65,14 @@ impl Checkpoint {
         }
     }
 
+    /// [`SafetensorsSet::advise_random`] for `canonical` (a GGUF's tensors are dequantized
+    /// into memory: nothing to advise).
+    pub fn advise_random(&self, canonical: &str) {
+        if let Checkpoint::Hf { set, .. } = self {
+            set.advise_random(&self.stored_name(canonical));
+        }
+    }
+
     /// The tensor, if present; errors only on unreadable data.
     pub fn get(&self, canonical: &str) -> Result<Option<HostTensor>> {
         match self {

@@ -29,6 +29,20 @@ pub fn sum_streams(buf: &[u64], streams: usize, seg: usize) -> u64 {
     sum_streams_portable(buf, streams, seg)
 }
 
+/// Wrapping sum of the whole 64-byte lines of the 8-byte-aligned part of `bytes`, read as
+/// `streams` segments ([`sum_streams`]), and the bytes it read: the probe over a model's own
+/// packed weights, wherever they lie.
+pub fn sum_bytes(bytes: &[u8], streams: usize) -> (u64, usize) {
+    // SAFETY: every bit pattern is a valid `u64`; `align_to` hands out only aligned whole
+    // elements of the slice.
+    let (_, words, _) = unsafe { bytes.align_to::<u64>() };
+    let seg = (words.len() / streams.max(1)) & !7;
+    if seg == 0 {
+        return (0, 0);
+    }
+    (sum_streams(words, streams, seg), streams * seg * 8)
+}
+
 /// The scalar reference.
 pub fn sum_streams_portable(buf: &[u64], streams: usize, seg: usize) -> u64 {
     let mut acc = [0u64; 8];
@@ -130,5 +144,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The byte form reads whole lines of the aligned words, from any starting byte: its sum
+    /// is the plain sum of exactly the words it says it read.
+    #[test]
+    fn byte_sums_read_the_aligned_words_they_report() {
+        let words: Vec<u64> = (0..1000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        for skip in [0usize, 1, 7, 8, 13] {
+            let b = &bytes[skip..];
+            let (sum, read) = sum_bytes(b, 4);
+            let first = (8 - b.as_ptr() as usize % 8) % 8;
+            assert_eq!(read % (4 * 64), 0, "whole lines of each stream");
+            assert!(first + read <= b.len() && read + 4 * 64 + 16 > b.len(), "skip {skip}: read {read}");
+            let plain = b[first..first + read]
+                .chunks_exact(8)
+                .fold(0u64, |a, c| a.wrapping_add(u64::from_le_bytes(c.try_into().unwrap())));
+            assert_eq!(sum, plain, "skip {skip}");
+        }
+        assert_eq!(sum_bytes(&bytes[..100], 4), (0, 0), "no whole line per stream");
     }
 }

@@ -177,6 +177,7 @@ impl Model {
         } else {
             let e = ck.require("embed_tokens.weight", &[v, h])?;
             e.floats().with_context(|| format!("{}: embed_tokens.weight", ck.path().display()))?;
+            ck.advise_random("embed_tokens.weight");
             Embedding::Table(e)
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);

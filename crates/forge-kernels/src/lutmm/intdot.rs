@@ -1281,6 +1281,11 @@ impl DotMatrix {
         }
     }
 
+    /// The packed index rows (and the slack after them).
+    pub fn index_bytes(&self) -> &[u8] {
+        self.data.bytes()
+    }
+
     /// Bytes the kernels read per call (indices, scales, tables).
     pub fn packed_bytes(&self) -> usize {
         self.data.bytes().len() + 4 * self.scale.len() + 16 * self.tables.len()

@@ -175,6 +175,12 @@ impl PackedMatrix {
         matches!(self.imp, Imp::Dot(_))
     }
 
+    /// The packed index rows of an integer-dot matrix, as its kernels read them (where they
+    /// lie: a memory-mapped cache, or memory of this process).
+    pub fn index_bytes(&self) -> Option<&[u8]> {
+        self.as_dot().map(|d| d.index_bytes())
+    }
+
     /// Bytes the kernels read per call (indices, scales, codebook).
     pub fn packed_bytes(&self) -> usize {
         match &self.imp {
