@@ -441,10 +441,10 @@ impl Probe {
 
 /// A probe over the model's own packed weights: every integer-dot matrix's index rows, in the
 /// order decode reads them, cut into [`PROBE_TASK`]-byte pieces claimed by the team's workers
-/// and read as [`Probe::pass`] reads its buffer. Where the weights lie (a memory-mapped cache
-/// in the page cache, or this process's memory) can read at another speed than a fresh buffer:
-/// on the 2-vCPU Zen 4 the 27B shape's weights read 33–36 GB/s while the 1 GiB buffer of the
-/// same process read 46–52 at times, so decode is also set against this pass.
+/// and read as [`Probe::pass`] reads its buffer: where the weights lie (a memory-mapped cache in
+/// the page cache, or this process's memory) might read at another speed than a fresh buffer,
+/// and decode can be no faster than a plain pass over its own bytes. (On the 2-vCPU Zen 4 the
+/// two probes agreed within 1–4 % on the 27B shape, through phases of 32 and of 50 GB/s.)
 pub struct WeightProbe {
     mats: Vec<std::sync::Arc<PackedMatrix>>,
     /// Matrix, and the byte range of its index rows.
