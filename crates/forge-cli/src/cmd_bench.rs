@@ -421,22 +421,31 @@ impl Probe {
     /// widest loads the CPU has (`forge_kernels::stream`). Claimed pieces, not one fixed share
     /// a worker, so that a core slowed by a neighbour does not leave the other idle at the end.
     pub fn pass(&self) -> f64 {
-        use std::sync::atomic::{AtomicU64, Ordering};
         // Whole 64-byte lines per segment.
         let seg = (PROBE_TASK / 8 / STREAMS) & !7;
         let tasks = self.buf.len() / (STREAMS * seg);
-        let sink = AtomicU64::new(0);
-        let secs = forge_kernels::team::with_team(|| {
-            let t0 = Instant::now();
-            forge_kernels::team::parallel_for(tasks, &|k| {
-                let v = forge_kernels::stream::sum_streams(&self.buf[k * STREAMS * seg..], STREAMS, seg);
-                sink.fetch_add(v, Ordering::Relaxed);
-            });
-            t0.elapsed().as_secs_f64()
-        });
-        std::hint::black_box(sink.load(Ordering::Relaxed));
-        (tasks * STREAMS * seg * 8) as f64 / secs / 1e9
+        claimed_pass(tasks, &|k| {
+            (forge_kernels::stream::sum_streams(&self.buf[k * STREAMS * seg..], STREAMS, seg), STREAMS * seg * 8)
+        })
     }
+}
+
+/// GB/s of `tasks` pieces claimed in turn by the workers of a spinning team, piece `k` read by
+/// `read(k)` (its sum, kept from the optimizer, and the bytes it read).
+fn claimed_pass(tasks: usize, read: &(dyn Fn(usize) -> (u64, usize) + Sync)) -> f64 {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let (sink, bytes) = (AtomicU64::new(0), AtomicUsize::new(0));
+    let secs = forge_kernels::team::with_team(|| {
+        let t0 = Instant::now();
+        forge_kernels::team::parallel_for(tasks, &|k| {
+            let (v, n) = read(k);
+            sink.fetch_add(v, Ordering::Relaxed);
+            bytes.fetch_add(n, Ordering::Relaxed);
+        });
+        t0.elapsed().as_secs_f64()
+    });
+    std::hint::black_box(sink.load(Ordering::Relaxed));
+    bytes.load(Ordering::Relaxed) as f64 / secs / 1e9
 }
 
 /// A probe over the model's own packed weights: every integer-dot matrix's index rows, in the
@@ -470,21 +479,11 @@ impl WeightProbe {
 
     /// One pass over the weights, GB/s of the bytes read.
     pub fn pass(&self) -> f64 {
-        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-        let (sink, read) = (AtomicU64::new(0), AtomicUsize::new(0));
-        let secs = forge_kernels::team::with_team(|| {
-            let t0 = Instant::now();
-            forge_kernels::team::parallel_for(self.pieces.len(), &|k| {
-                let (m, r) = &self.pieces[k];
-                let bytes = &self.mats[*m].index_bytes().expect("an integer-dot matrix")[r.clone()];
-                let (v, n) = forge_kernels::stream::sum_bytes(bytes, STREAMS);
-                sink.fetch_add(v, Ordering::Relaxed);
-                read.fetch_add(n, Ordering::Relaxed);
-            });
-            t0.elapsed().as_secs_f64()
-        });
-        std::hint::black_box(sink.load(Ordering::Relaxed));
-        read.load(Ordering::Relaxed) as f64 / secs / 1e9
+        claimed_pass(self.pieces.len(), &|k| {
+            let (m, r) = &self.pieces[k];
+            let bytes = &self.mats[*m].index_bytes().expect("an integer-dot matrix")[r.clone()];
+            forge_kernels::stream::sum_bytes(bytes, STREAMS)
+        })
     }
 }
 

@@ -335,7 +335,8 @@ unsafe fn planes(acc: [__m512i; 3]) -> [__m256i; 2] {
     [fold(_mm512_add_epi32(_mm512_slli_epi32::<8>(acc[0]), acc[1])), fold(acc[2])]
 }
 
-/// The f32 lanes of index row `r` (one activation row, paired layout), per output.
+/// The f32 lanes of index row `r` (one activation row, paired layout), per output (not
+/// lut2's groups: [`rows_lanes`] reads those).
 #[inline(always)]
 unsafe fn row_lanes<const K: u8, const P: usize>(
     a: &Args,
@@ -343,6 +344,7 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
     tb256: &super::avx2::Tabs,
     r: usize,
 ) -> [__m256; 2] {
+    debug_assert!(K != LUT2S, "lut2's groups go through rows_lanes");
     let cb = chunk_bytes(K);
     let z = _mm512_setzero_si512();
     let mut lanes = [_mm256_setzero_ps(); 2];
@@ -356,16 +358,6 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
         let x2 = a.xq2.add(c * CHUNK) as *const __m512i;
         let np = n / 2;
         let mut i = 0;
-        // lut2's whole groups, alternating the two chains.
-        while i < quad_pairs::<K>(a.nchunks, c, n) {
-            let p = row.add(2 * i * cb);
-            prefetch_lines(p, 2 * QUAD * cb);
-            let w = weights_quad(p, tb);
-            for (u, &wv) in w.iter().enumerate() {
-                mac_pair::<P>(&mut acc[u % U][0], wv, xhl.add((i + u) * 4 * CHUNK), x2.add(i + u));
-            }
-            i += QUAD;
-        }
         while i + U <= np {
             prefetch_lines(row.add(2 * i * cb), 2 * U * cb);
             for (u, au) in acc.iter_mut().enumerate() {
@@ -523,7 +515,9 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
         r += per;
     }
     while r < a.n_rows {
-        let l = row_lanes::<K, P>(a, &tb, &tb256, r);
+        // lut2's groups go through `rows_lanes` alone (`row_lanes` reads pairs).
+        let l =
+            if K == LUT2S { rows_lanes::<K, P, 1>(a, &tb, &tb256, r)[0] } else { row_lanes::<K, P>(a, &tb, &tb256, r) };
         let o0 = r * nw(K);
         for (v, &lv) in l.iter().enumerate().take(nw(K)) {
             *a.out.add(o0 + v) = reduce(lv) * *a.scale.add(o0 + v);
