@@ -188,6 +188,12 @@ pub fn run(a: Args) -> Result<()> {
                     .iter()
                     .find(|(p, b)| p == k && *b > 0 && *v > 0.0)
                     .map_or(String::new(), |(_, b)| format!(", {:.1} GB/s", *b as f64 / (v * 1e-3) / 1e9));
+                // The delta rule reads and writes every layer's recurrent state once a token.
+                let rate = if k == "deltanet_core" && mem.recurrent > 0 && *v > 0.0 {
+                    format!(", state {:.1} GB/s", 2.0 * mem.recurrent as f64 / (v * 1e-3) / 1e9)
+                } else {
+                    rate
+                };
                 format!("{k} {v:.2} ms ({:.0} %{rate})", 100.0 * v / total.max(1e-12))
             })
             .collect();

@@ -221,7 +221,7 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
         assert!(mem[k].as_f64().unwrap() > 0.0, "memory category {k}: {out}");
     }
     assert_eq!(num("decode_allocations_per_token"), 0.0, "{out}");
-    for part in ["attention", "deltanet", "mlp", "head"] {
+    for part in ["attention", "attention_core", "deltanet", "deltanet_core", "mlp", "head"] {
         assert!(j["decode_split_ms_per_token"][part].as_f64().unwrap() > 0.0, "{part}: {out}");
     }
     // The parts' weight bytes are every matrix's, once.

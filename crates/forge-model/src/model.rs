@@ -397,6 +397,7 @@ impl Model {
         let (mut qf, mut k, mut v) =
             (Buf::for_overwrite(t * a.q.out_f), Buf::for_overwrite(t * a.k.out_f), Buf::for_overwrite(t * a.v.out_f));
         Linear::forward_shared_into(&[&a.q, &a.k, &a.v], hbuf, t, &mut [&mut qf, &mut k, &mut v])?;
+        let mut timer = crate::profile::start();
         let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate
         let mut q = Buf::for_overwrite(t * nh * hd);
         let mut gate = Buf::zeros(if cfg.attn_output_gate { t * nh * hd } else { 0 });
@@ -512,6 +513,7 @@ impl Model {
         if cfg.attn_output_gate {
             out.iter_mut().zip(gate.iter()).for_each(|(o, &g)| *o *= sigmoid(g));
         }
+        timer.stop(crate::profile::Part::AttentionCore);
         a.o.forward_buf(&out, t)
     }
 
@@ -532,6 +534,7 @@ impl Model {
             t,
             &mut [&mut mixed, &mut z, &mut b, &mut a],
         )?;
+        let mut timer = crate::profile::start();
         // Causal depthwise conv over [state (kernel−1 rows) | new rows], then SiLU.
         let hist = kern - 1;
         let mut full = Buf::for_overwrite((hist + t) * cd);
@@ -603,6 +606,7 @@ impl Model {
                 rmsnorm_gated(dst, &z[i * vd + hv * dv..i * vd + (hv + 1) * dv], &d.norm_w, self.cfg.rms_eps);
             }
         }
+        timer.stop(crate::profile::Part::DeltaNetCore);
         d.out.forward_buf(&core, t)
     }
 
