@@ -250,9 +250,10 @@ impl Linear {
     }
 
     /// Forward several layers that read the same input (q/k/v, gate/up): the rotation and the
-    /// activation quantization are done once and all kernels go out in one parallel dispatch
-    /// when the layers allow it (same rotation, integer-dot weights, no observers); otherwise
-    /// one `forward` each. Same results either way.
+    /// activation quantization are done once and the integer-dot kernels go out in one parallel
+    /// dispatch when the layers allow it (same rotation, no observers, at least two integer-dot
+    /// weights; the other layers then run one `forward` each); otherwise one `forward` each.
+    /// Same results either way.
     pub fn forward_shared(ls: &[&Linear], x: &[f32], t: usize) -> Result<Vec<Vec<f32>>> {
         let mut ys: Vec<Vec<f32>> = ls.iter().map(|l| vec![0f32; t * l.out_f]).collect();
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
@@ -274,7 +275,9 @@ impl Linear {
             Some(l) if shareable => l.packed.get(&l.weight).filter(|p| p.is_int_dot()),
             _ => None,
         });
-        if !shareable || packed[..ls.len()].iter().any(|p| p.is_none()) {
+        // The integer-dot matrices go out in one dispatch on one quantized input; the others (a
+        // DeltaNet's dense `in_b`/`in_a` next to its packed `in_qkv`/`in_z`) one call each.
+        if !shareable || packed[..ls.len()].iter().filter(|p| p.is_some()).count() < 2 {
             for (l, y) in ls.iter().zip(ys.iter_mut()) {
                 l.forward_into(x, t, y)?;
             }
@@ -293,11 +296,25 @@ impl Linear {
         }
         let rotated = ls[0].rotated_input(x);
         let xin = rotated.as_deref().unwrap_or(x);
-        let first = packed[0].as_deref().expect("checked above");
-        let refs: [&PackedMatrix; MAX_SHARED] = std::array::from_fn(|i| packed[i].as_deref().unwrap_or(first));
-        forge_kernels::lutmm::matmul_shared(&refs[..ls.len()], xin, t, ys);
-        for (l, y) in ls.iter().zip(ys.iter_mut()) {
-            l.finish(x, t, y);
+        {
+            let first = packed.iter().flatten().next().expect("checked above");
+            let mut refs: [&PackedMatrix; MAX_SHARED] = [first; MAX_SHARED];
+            let mut outs: [&mut [f32]; MAX_SHARED] = Default::default();
+            let mut n = 0;
+            for (p, y) in packed.iter().zip(ys.iter_mut()) {
+                if let Some(p) = p {
+                    (refs[n], outs[n]) = (p, &mut **y);
+                    n += 1;
+                }
+            }
+            forge_kernels::lutmm::matmul_shared(&refs[..n], xin, t, &mut outs[..n]);
+        }
+        for ((l, p), y) in ls.iter().zip(&packed).zip(ys.iter_mut()) {
+            if p.is_some() {
+                l.finish(x, t, y);
+            } else {
+                l.forward_into(x, t, y)?;
+            }
         }
         Ok(())
     }
@@ -476,7 +493,8 @@ mod tests {
 
     /// Layers sharing an input run fused (one rotation, one activation quantization, one
     /// dispatch) with the same results as one forward each; a layer off the integer-dot kernels
-    /// (float codebook) makes the group fall back, still with the same results.
+    /// (float codebook) runs alone, the group's other layers fused or not, still with the same
+    /// results.
     #[test]
     fn forward_shared_equals_separate_forwards() {
         let in_f = 300;
@@ -531,5 +549,17 @@ mod tests {
         let out = Linear::forward_shared(&[&layers[0], &odd], &x, 1).unwrap();
         assert_eq!(out[1], odd.forward(&x, 1).unwrap());
         assert_eq!(out[0], layers[0].forward(&x, 1).unwrap());
+        // With the same rotation, the integer-dot layers of a group go out fused and the float
+        // codebook's alone, each output where its layer is (a DeltaNet's packed and dense inputs).
+        let mut odd = odd;
+        odd.rotation = Some(rot.clone());
+        let group = [&layers[0], &odd, &layers[1], &layers[2]];
+        for t in [1, 3] {
+            let x = rnd(t * in_f, 90 + t as u64);
+            let out = Linear::forward_shared(&group, &x, t).unwrap();
+            for (l, y) in group.iter().zip(&out) {
+                assert_eq!(*y, l.forward(&x, t).unwrap(), "{} t={t}", l.name);
+            }
+        }
     }
 }
