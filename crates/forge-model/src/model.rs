@@ -570,9 +570,9 @@ impl Model {
         st.conv.copy_from_slice(&full[t * cd..]);
         let ratio = nv / nk;
         let qscale = 1.0 / (dk as f32).sqrt();
-        // Per value head: gather, normalize, run the delta rule, gated norm. Each head's work area, taken
-        // here on the calling thread (the workers need no scratch of their own), holds its
-        // output `o` (`t × dv`) then `q`, `k` (`t × dk`), `v` (`t × dv`), `g` and `β` (`t`).
+        // Per value head: gather, normalize, run the delta rule, then the gated norm. Each head's
+        // work area, taken here on the calling thread (the workers need no scratch of their own),
+        // holds its output `o` (`t × dv`) then `q`, `k` (`t × dk`), `v` (`t × dv`), `g` and `β`.
         let area = t * (2 * dv + 2 * dk + 2);
         let head = |hv: usize, state: &mut [f32], work: &mut [f32]| {
             let hk = hv / ratio;
