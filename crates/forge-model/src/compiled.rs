@@ -28,7 +28,9 @@ pub const CACHE_FILE: &str = "packed.forgecache";
 /// 3: 16 bytes of slack after each matrix's index rows (was 8), and vec2x64's layout recorded.
 /// 4: lut2 and lut3 matrices in the integer-dot layout (they took the float tiles, uncached).
 /// 5: lut2 in groups of eight chunks where the AVX-512 kernels run (the same metadata entry).
-const VERSION: &str = "5";
+/// 6: lut4, vec2x16, lut3 and vec2x64 in groups too (`intdot::group_field`), and lut2's
+///    recorded as such (version 5 read it back in the plain layout).
+const VERSION: &str = "6";
 
 /// The metadata entry naming vec2x64's index layout, and its values.
 const VEC64_LAYOUT: &str = "vec2x64_layout";
@@ -115,7 +117,7 @@ impl Compiled {
         let here = vec64_layout_here();
         if let Some(l) = c.metadata.get(VEC64_LAYOUT).filter(|l| l.as_str() != here) {
             return Ok(Err(Some(format!(
-                "its vec2x64, lut3 and lut2 matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
+                "its LUT matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
             ))));
         }
         Ok(Ok(c))
@@ -187,10 +189,9 @@ impl Compiled {
             self.map[s0..s1].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         let src: Arc<dyn AsRef<[u8]> + Send + Sync> = self.map.clone();
         let blob = Blob::Shared { src, offset: d0, len: d1 - d0 };
-        // The stream layouts of vec2x64 (six-bit fields) and lut3 (three-bit) go together.
-        let six = matches!(kind, "vec2x64" | "lut3")
-            && self.metadata.get(VEC64_LAYOUT).map(String::as_str) == Some("six-bit");
-        let dl = DotLayout { kind: kind.to_string(), cout, cin, six };
+        // The AVX-512 layouts of every kind but INT8 go together (one metadata entry).
+        let six = self.metadata.get(VEC64_LAYOUT).map(String::as_str) == Some("six-bit");
+        let dl = DotLayout::cached(kind, cout, cin, six);
         let d = DotMatrix::from_parts(&dl, blob, &tables, scale).with_context(ctx)?;
         let format = forge_kernels::lut::Format::parse(kind).with_context(ctx)?;
         Ok(Some(PackedMatrix::from_dot(format, d)))

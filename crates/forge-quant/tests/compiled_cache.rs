@@ -50,8 +50,10 @@ fn compiled_cache_is_used_reused_and_checked() {
     plan.mlp = Format::Vec2x64;
     plan.kv = Format::Int8;
     plan.mlp_basis = Basis::Online;
-    // One matrix in lut3, whose two-plus-one-bit layout is cached like the others.
+    // Matrices in lut3, lut2 and vec2x16, whose AVX-512 layouts are cached like the others.
     plan.entries.insert("0.down".into(), "lut3".into());
+    plan.entries.insert("1.down".into(), "lut2".into());
+    plan.entries.insert("1.up".into(), "vec2x16".into());
     let opts = common::rtn_options(&src.to_string_lossy(), src.clone(), plan, 3, &out);
     quantize(&opts).unwrap();
     let toks = tokens(&src);

@@ -281,7 +281,18 @@ impl Kind {
     /// ([`six_bit_layout`]): a stream of index fields (vec2x64, lut3), groups of eight chunks
     /// (lut2).
     fn has_stream_layout(self) -> bool {
-        matches!(self, Kind::Vec2x64 | Kind::Lut3 | Kind::Lut2)
+        self != Kind::Int8
+    }
+
+    /// Bits of an index.
+    fn index_bits(self) -> usize {
+        match self {
+            Kind::Lut2 => 2,
+            Kind::Lut3 => 3,
+            Kind::Lut4 | Kind::Vec2x16 => 4,
+            Kind::Vec2x64 => 6,
+            Kind::Int8 => 8,
+        }
     }
 
     /// Output rows per index row.
@@ -300,25 +311,60 @@ fn hi_bit(m: usize) -> usize {
     8 * (m % 4) + 7 - m / 4
 }
 
-/// Chunks per group of lut2's AVX-512 layout: four pairs in 64 bytes.
-const QUAD_CHUNKS: usize = 8;
-
-/// Chunks of a row of `nchunks` in whole groups of lut2's AVX-512 layout (the rest follow in
-/// the plain layout).
-fn lut2_quad_chunks(nchunks: usize) -> usize {
-    nchunks / QUAD_CHUNKS * QUAD_CHUNKS
+/// Chunks per group of a kind's AVX-512 layout ([`group_field`]): lut2 four pairs in one
+/// 64-byte plane, vec2x64 four and lut3 eight pairs in three; 0 for the kinds without one.
+const fn group_chunks(kind: Kind) -> usize {
+    match kind {
+        Kind::Lut4 | Kind::Vec2x16 => 4,
+        Kind::Lut2 | Kind::Vec2x64 => 8,
+        Kind::Lut3 => 16,
+        Kind::Int8 => 0,
+    }
 }
 
-/// Where lut2's AVX-512 layout keeps column `m` of chunk `c` of a group of eight: the byte
-/// and the bit of its two-bit field. Byte `b` of the group is position `b` of the 512-bit
-/// kernels' pair order (`[A 0–15 | B 0–15 | A 16–31 | B 16–31]`, `A`, `B` the chunks of a
-/// pair), and bits `2k..2k + 2` belong to pair `k`. One 64-byte load then serves four pairs:
-/// `vpermb` reads bits 0–5 of an index byte, so tables that repeat every 4, 16 and 64 entries
-/// give pairs 0, 1 and 2 by their own bits with no shift, and one 16-bit shift brings pair 3
-/// down (five instructions for 256 weights, where the plain layout took twelve).
-fn lut2_quad_pos(c: usize, m: usize) -> (usize, usize) {
-    let (k, s) = (c % QUAD_CHUNKS / 2, c % 2);
-    (32 * (m / 16) + 16 * s + m % 16, 2 * k)
+/// Chunks of a row of `nchunks` in whole groups of the kind's AVX-512 layout (`six`; the rest
+/// follow in its stream layout), 0 in the other layouts.
+fn grouped_chunks(kind: Kind, six: bool, nchunks: usize) -> usize {
+    match group_chunks(kind) {
+        g if six && g > 0 => nchunks / g * g,
+        _ => 0,
+    }
+}
+
+/// Where the AVX-512 layout keeps bit `j` of the index of column `m` of chunk `c` (in a whole
+/// group): the byte of the group and the bit of that byte.
+///
+/// A group is one (lut2) or three (vec2x64, lut3) 64-byte planes, and byte `b` of each plane
+/// is position `b` of the 512-bit kernels' pair order (`[A 0–15 | B 0–15 | A 16–31 | B 16–31]`,
+/// `A`, `B` the chunks of a pair), so a pair's fields sit at the same bits of every byte. `vpermb`
+/// reads bits 0–5 of an index byte, and a table that repeats at the right stride reads any field
+/// within them, so most pairs need no extraction at all:
+/// - lut2: pair `k` at bits `2k..2k + 2` (tables repeating every 4, 16 and 64 entries give pairs
+///   0–2, one 16-bit shift brings pair 3 down).
+/// - vec2x64: pairs 0–2 in bits 0–5 of planes 0–2; pair 3 in the planes' top two bits (index
+///   bits 0–1 in plane 0, 2–3 in plane 1, 4–5 in plane 2), gathered by three 16-bit shifts and
+///   two bit selects.
+/// - lut3: the same four six-bit slots, each holding two pairs (pair `k` at bits `3(k % 2)` of
+///   slot `k / 2`; tables repeating every 8 entries, or each entry eight times, read them).
+///
+/// Against the stream layouts (a `vpermb` spread and a `vpmultishiftqb` per pair, which on a
+/// Zen 4 shares the `vpdpbusd` units): one core, 256×5120 in L2 (`kernel_ab`, rounds
+/// alternated), FIXME.
+fn group_field(kind: Kind, c: usize, m: usize, j: usize) -> (usize, usize) {
+    let (k, s) = (c % group_chunks(kind) / 2, c % 2);
+    let b = 32 * (m / 16) + 16 * s + m % 16;
+    // The six-bit slot and the bit within it.
+    let (slot, bit) = match kind {
+        Kind::Lut4 | Kind::Vec2x16 => return (b, 4 * k + j),
+        Kind::Lut2 => return (b, 2 * k + j),
+        Kind::Vec2x64 => (k, j),
+        _ => (k / 2, 3 * (k % 2) + j),
+    };
+    if slot < 3 {
+        (64 * slot + b, bit)
+    } else {
+        (64 * (bit / 2) + b, 6 + bit % 2)
+    }
 }
 
 /// A chunk's 32 indices as one little-endian stream of `width`-bit fields (index `m` at bits
@@ -985,6 +1031,15 @@ pub struct DotLayout {
     pub six: bool,
 }
 
+impl DotLayout {
+    /// The layout of a matrix read back from a cache written with the AVX-512 layouts
+    /// (`avx512_layouts`, see [`six_bit_layout`]) or without: every kind but INT8 has one.
+    pub fn cached(kind: &str, cout: usize, cin: usize, avx512_layouts: bool) -> DotLayout {
+        let six = avx512_layouts && Kind::parse(kind).is_ok_and(Kind::has_stream_layout);
+        DotLayout { kind: kind.into(), cout, cin, six }
+    }
+}
+
 /// Whether vec2x64 matrices pack to the six-bit stream layout here: each chunk's 32 indices as
 /// one little-endian stream of 6-bit fields (24 bytes), which AVX-512 VBMI spreads and extracts
 /// with one `vpermb` and one `vpmultishiftqb` per 64 indices, where the nibble layout (low four
@@ -1131,17 +1186,20 @@ impl DotMatrix {
         let row_bytes = cin_pad / CHUNK * cb;
         let mut data = vec![0u8; groups * row_bytes + SLACK];
         if row_bytes > 0 {
-            let quads = if kind == Kind::Lut2 && six { lut2_quad_chunks(cin_pad / CHUNK) } else { 0 };
+            let grouped = grouped_chunks(kind, six, cin_pad / CHUNK);
             data[..groups * row_bytes].par_chunks_mut(row_bytes).enumerate().for_each(|(g, row)| {
                 let at = |j: usize| if j < cin { get(g, j) } else { 0 };
-                for c in 0..quads {
-                    let group = &mut row[c / QUAD_CHUNKS * QUAD_CHUNKS * cb..];
+                for c in 0..grouped {
+                    let group = &mut row[c / group_chunks(kind) * group_chunks(kind) * cb..];
                     for m in 0..CHUNK {
-                        let (b, bit) = lut2_quad_pos(c, m);
-                        group[b] |= (at(c * CHUNK + m) & 3) << bit;
+                        let i = at(c * CHUNK + m);
+                        for j in 0..kind.index_bits() {
+                            let (b, bit) = group_field(kind, c, m, j);
+                            group[b] |= ((i >> j) & 1) << bit;
+                        }
                     }
                 }
-                for (c, out) in row.chunks_mut(cb).enumerate().skip(quads) {
+                for (c, out) in row.chunks_mut(cb).enumerate().skip(grouped) {
                     let j0 = c * CHUNK;
                     match kind {
                         Kind::Int8 => (0..32).for_each(|m| out[m] = at(j0 + m)),
@@ -1367,13 +1425,18 @@ impl DotMatrix {
     fn chunk_weights(&self, row: &[u8], c: usize) -> [[i8; 32]; 2] {
         let cb = self.kind.chunk_bytes();
         let p = &row[c * cb..(c + 1) * cb];
-        let quads = if self.kind == Kind::Lut2 && self.six { lut2_quad_chunks(self.cin_pad / CHUNK) } else { 0 };
+        let grouped = grouped_chunks(self.kind, self.six, self.cin_pad / CHUNK);
         let idx = |m: usize| -> usize {
-            if c < quads {
-                let (b, bit) = lut2_quad_pos(c, m);
-                return ((row[c / QUAD_CHUNKS * QUAD_CHUNKS * cb + b] >> bit) & 3) as usize;
+            if c < grouped {
+                let group = &row[c / group_chunks(self.kind) * group_chunks(self.kind) * cb..];
+                return (0..self.kind.index_bits())
+                    .map(|j| {
+                        let (b, bit) = group_field(self.kind, c, m, j);
+                        (((group[b] >> bit) & 1) as usize) << j
+                    })
+                    .sum();
             }
-            if self.six && self.kind != Kind::Lut2 {
+            if self.six && matches!(self.kind, Kind::Lut3 | Kind::Vec2x64) {
                 let width = if self.kind == Kind::Lut3 { 3 } else { 6 };
                 let bit = width * m;
                 let v = p[bit / 8] as usize | (p.get(bit / 8 + 1).copied().unwrap_or(0) as usize) << 8;
@@ -1575,6 +1638,8 @@ mod avx2 {
     pub(super) const VEC64S: u8 = VEC64 | X512 | SIX;
     pub(super) const LUT3S: u8 = LUT3 | X512 | SIX;
     pub(super) const LUT2S: u8 = LUT2 | X512 | SIX;
+    pub(super) const LUT4S: u8 = LUT4 | X512 | SIX;
+    pub(super) const VEC16S: u8 = VEC16 | X512 | SIX;
     pub(super) const INT8X: u8 = INT8 | X512;
     /// Chunks per activation block.
     pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
@@ -1641,11 +1706,13 @@ mod avx2 {
         if super::avx512() {
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
             return match kind {
+                Kind::Lut4 if a.six => go!(LUT4S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut4 => go!(LUT4X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut3 if a.six => go!(LUT3S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut3 => go!(LUT3X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut2 if a.six => go!(LUT2S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Lut2 => go!(LUT2X, decode_rows_x512, pass_rows_x512, block_rows_x512),
+                Kind::Vec2x16 if a.six => go!(VEC16S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x16 => go!(VEC16X, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x64 if a.six => go!(VEC64S, decode_rows_x512, pass_rows_x512, block_rows_x512),
                 Kind::Vec2x64 => go!(VEC64X, decode_rows_x512, pass_rows_x512, block_rows_x512),
@@ -1784,7 +1851,7 @@ mod avx2 {
     pub(super) unsafe fn weights<const K: u8>(p: *const u8, tb: &Tabs) -> [__m256i; 2] {
         let zero = _mm256_setzero_si256();
         match K {
-            LUT4 | LUT4X => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],
+            LUT4 | LUT4X | LUT4S => [_mm256_shuffle_epi8(tb.t[0], nibbles(p, tb.m15)), zero],
             LUT2 | LUT2X | LUT2S => [_mm256_shuffle_epi8(tb.t[0], crumbs(p, tb.m15)), zero],
             LUT3 | LUT3X => {
                 let lo = crumbs(p, tb.m15);
@@ -1793,7 +1860,7 @@ mod avx2 {
                 let b2 = _mm256_sllv_epi32(h, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
                 [_mm256_blendv_epi8(_mm256_shuffle_epi8(tb.t[0], lo), _mm256_shuffle_epi8(tb.t[1], lo), b2), zero]
             }
-            VEC16 | VEC16X => {
+            VEC16 | VEC16X | VEC16S => {
                 let i = nibbles(p, tb.m15);
                 [_mm256_shuffle_epi8(tb.t[0], i), _mm256_shuffle_epi8(tb.t[1], i)]
             }
@@ -1844,20 +1911,73 @@ mod avx2 {
         }
     }
 
-    /// Chunk `c` of the index row at `row` (`nchunks` chunks) as [`weights`] gives it. lut2's
-    /// AVX-512 layout keeps a chunk in eight-chunk groups (`super::lut2_quad_pos`): its
-    /// columns 0–15 and 16–31 are two 16-byte runs of the group, and its pair's bits in them
-    /// come down with one 16-bit shift.
+    /// Chunks per group of the kind's AVX-512 layout (`super::group_field`), 0 without one.
+    pub(super) const fn group_chunks(k: u8) -> usize {
+        match k {
+            LUT4S | VEC16S => 4,
+            LUT2S | VEC64S => 8,
+            LUT3S => 16,
+            _ => 0,
+        }
+    }
+
+    /// Chunks of a row of `nchunks` in whole groups of the kind's AVX-512 layout.
+    #[inline(always)]
+    pub(super) const fn grouped_chunks(k: u8, nchunks: usize) -> usize {
+        match group_chunks(k) {
+            0 => 0,
+            g => nchunks / g * g,
+        }
+    }
+
+    /// The six bits that lut3 and vec2x64 keep in the top two bits of a group's three planes
+    /// (`super::group_field`): bits 0–1 from `p0`, 2–3 from `p1`, 4–5 from `p2`. Each 16-bit
+    /// shift brings one plane's top bits of both bytes of a word to their place, and the bit
+    /// selects keep them (what the high byte shifts into a low one lies outside the kept bits).
+    #[inline(always)]
+    pub(super) unsafe fn top_slot256(p0: __m256i, p1: __m256i, p2: __m256i) -> __m256i {
+        let (a, b, c) = (_mm256_srli_epi16::<6>(p0), _mm256_srli_epi16::<4>(p1), _mm256_srli_epi16::<2>(p2));
+        // `C ? A : B`, bitwise.
+        let ab = _mm256_ternarylogic_epi32::<0xE4>(a, b, _mm256_set1_epi8(0x03));
+        _mm256_ternarylogic_epi32::<0xE4>(ab, c, _mm256_set1_epi8(0x0F))
+    }
+
+    /// Chunk `c` of the index row at `row` (`nchunks` chunks) as [`weights`] gives it. In the
+    /// groups of the AVX-512 layouts (`super::group_field`) the chunk's columns 0–15 and 16–31
+    /// are two 16-byte runs of each plane; its pair's field comes down with one 16-bit shift
+    /// (lut2, lut3's second pair of a slot) or is the slot itself.
     #[inline(always)]
     pub(super) unsafe fn weights_at<const K: u8>(row: *const u8, c: usize, nchunks: usize, tb: &Tabs) -> [__m256i; 2] {
-        if K == LUT2S && c < super::lut2_quad_chunks(nchunks) {
-            let g = row.add(c / super::QUAD_CHUNKS * 64);
-            let (k, s) = (c % super::QUAD_CHUNKS / 2, c % 2);
-            let lo = _mm_loadu_si128(g.add(16 * s) as *const __m128i);
-            let hi = _mm_loadu_si128(g.add(32 + 16 * s) as *const __m128i);
-            let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
-            let idx = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), tb.m15);
-            return [_mm256_shuffle_epi8(tb.t[0], idx), _mm256_setzero_si256()];
+        if c < grouped_chunks(K, nchunks) {
+            let gc = group_chunks(K);
+            let g = row.add(c / gc * gc * chunk_bytes(K));
+            let (k, s) = (c % gc / 2, c % 2);
+            let plane = |i: usize| {
+                let lo = _mm_loadu_si128(g.add(64 * i + 16 * s) as *const __m128i);
+                let hi = _mm_loadu_si128(g.add(64 * i + 32 + 16 * s) as *const __m128i);
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+            };
+            let slot = |i: usize| if i < 3 { plane(i) } else { top_slot256(plane(0), plane(1), plane(2)) };
+            return match K {
+                LUT2S | LUT4S | VEC16S => {
+                    let bits = if K == LUT2S { 2 } else { 4 };
+                    let idx = _mm256_and_si256(_mm256_srl_epi16(plane(0), _mm_cvtsi32_si128(bits * k as i32)), tb.m15);
+                    let w1 = if K == VEC16S { _mm256_shuffle_epi8(tb.t[1], idx) } else { _mm256_setzero_si256() };
+                    [_mm256_shuffle_epi8(tb.t[0], idx), w1]
+                }
+                LUT3S => {
+                    // Entries 0–7 repeated (`vpermb` reads five bits: the field and two above).
+                    let v = slot(k / 2);
+                    let idx = if k % 2 == 0 { v } else { _mm256_srli_epi16::<3>(v) };
+                    let t8 = _mm256_mask_blend_epi8(0xF0F0_F0F0, tb.t[0], tb.t[1]);
+                    [_mm256_permutexvar_epi8(idx, t8), _mm256_setzero_si256()]
+                }
+                _ => {
+                    let idx = slot(k);
+                    let t = |i: usize| _mm256_permute2x128_si256::<0x20>(tb.t[i], tb.t[i + 1]);
+                    [_mm256_permutex2var_epi8(t(0), idx, t(2)), _mm256_permutex2var_epi8(t(4), idx, t(6))]
+                }
+            };
         }
         weights::<K>(row.add(c * chunk_bytes(K)), tb)
     }
@@ -2139,11 +2259,13 @@ mod avx2 {
         if super::avx512() {
             // SAFETY: the AVX-512 subsets were checked by `avx512()`; `a` as for this function.
             return match kind {
+                Kind::Lut4 if a.six => super::zmm::decode_f32::<LUT4S>(a),
                 Kind::Lut4 => super::zmm::decode_f32::<LUT4X>(a),
                 Kind::Lut3 if a.six => super::zmm::decode_f32::<LUT3S>(a),
                 Kind::Lut2 if a.six => super::zmm::decode_f32::<LUT2S>(a),
                 Kind::Lut3 => super::zmm::decode_f32::<LUT3X>(a),
                 Kind::Lut2 => super::zmm::decode_f32::<LUT2X>(a),
+                Kind::Vec2x16 if a.six => super::zmm::decode_f32::<VEC16S>(a),
                 Kind::Vec2x16 => super::zmm::decode_f32::<VEC16X>(a),
                 Kind::Vec2x64 if a.six => super::zmm::decode_f32::<VEC64S>(a),
                 Kind::Vec2x64 => super::zmm::decode_f32::<VEC64X>(a),

@@ -390,20 +390,26 @@ fn packed_layouts_decode_to_the_stored_weights_exactly() {
 
 #[test]
 fn integer_dot_parts_round_trip_through_shared_memory() {
-    use intdot::{Blob, DotMatrix};
+    // As a compiled cache stores and maps them: the layout rebuilt from what the cache records
+    // (kind, shape, whether it holds the AVX-512 layouts), on rows of 19 chunks (whole groups
+    // of every kind's AVX-512 layout, a pair and a chunk after them).
+    use intdot::{six_bit_layout, Blob, DotLayout, DotMatrix};
     let mut rng = Rng(8);
+    let (cout, cin) = (34, 600);
     for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
-        let m = random_lut_int(format, 34, 300, &mut rng);
+        let m = random_lut_int(format, cout, cin, &mut rng);
         let p = PackedMatrix::from_lut(&m);
         let d = p.as_dot().unwrap();
         let (layout, data, tables, scale) = d.parts();
+        let cached = DotLayout::cached(&layout.kind, layout.cout, layout.cin, six_bit_layout());
+        assert_eq!(cached, layout, "{format:?}: the layout a cache reads back");
         let src: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> =
             std::sync::Arc::new([vec![7u8; 5], data.to_vec()].concat());
         let blob = Blob::Shared { src: src.clone(), offset: 5, len: data.len() };
         let back =
-            PackedMatrix::from_dot(format, DotMatrix::from_parts(&layout, blob, &tables, scale.to_vec()).unwrap());
-        let x: Vec<f32> = (0..2 * 300).map(|_| rng.f()).collect();
-        let (mut y1, mut y2) = (vec![0f32; 68], vec![0f32; 68]);
+            PackedMatrix::from_dot(format, DotMatrix::from_parts(&cached, blob, &tables, scale.to_vec()).unwrap());
+        let x: Vec<f32> = (0..2 * cin).map(|_| rng.f()).collect();
+        let (mut y1, mut y2) = (vec![0f32; 2 * cout], vec![0f32; 2 * cout]);
         p.matmul(&x, 2, &mut y1);
         back.matmul(&x, 2, &mut y2);
         assert_eq!(y1, y2, "{format:?}");
@@ -598,9 +604,12 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
     let mut rng = Rng(11);
     for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
         // Chunks: 1 (no pair), 3 (a pair and one left over), 66 (a full block, then a pair),
-        // 65 (a full block, then one left over), 18, 75 (a full block, then lut2's group of
-        // eight, a pair and one left over).
-        for &(cout, cin) in &[(2, 32), (18, 77), (64, 2048 + 40), (20, 2048 + 10), (130, 576), (6, 2048 + 340)] {
+        // 65 (a full block, then one left over), 18, 75 (a full block, then lut2's and
+        // vec2x64's group of eight, a pair and one left over), 86 (a full block of four lut3
+        // groups of sixteen, then one, three pairs).
+        for &(cout, cin) in
+            &[(2, 32), (18, 77), (64, 2048 + 40), (20, 2048 + 10), (130, 576), (6, 2048 + 340), (10, 2048 + 700)]
+        {
             let (int8, lut) = if format == Format::Int8 {
                 (Some(random_int8(cout, cin, &mut rng)), None)
             } else {

@@ -297,7 +297,9 @@ pub(crate) fn gemm_many_int(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, 
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::avx2::{nw, tabs, weights_at, INT8X, LUT2S, LUT2X, LUT3S, LUT3X, LUT4X, VEC16X, VEC64S, VEC64X};
+    use super::super::avx2::{
+        nw, tabs, weights_at, INT8X, LUT2S, LUT2X, LUT3S, LUT3X, LUT4S, LUT4X, VEC16S, VEC16X, VEC64S, VEC64X,
+    };
     use super::super::Kind;
     use super::{DotMatrix, PlaneX, CHUNK, PANEL, PBLOCK, TILE_T, XMAX1, XMAX2};
     use std::arch::x86_64::*;
@@ -307,11 +309,13 @@ mod x86 {
     /// `n_idx · nw · cin_pad` bytes.
     pub(super) unsafe fn decode_u8(m: &DotMatrix, g0: usize, n_idx: usize, out: *mut u8) {
         match m.kind {
+            Kind::Lut4 if m.six => decode_u8_k::<LUT4S>(m, g0, n_idx, out),
             Kind::Lut4 => decode_u8_k::<LUT4X>(m, g0, n_idx, out),
             Kind::Lut3 if m.six => decode_u8_k::<LUT3S>(m, g0, n_idx, out),
             Kind::Lut3 => decode_u8_k::<LUT3X>(m, g0, n_idx, out),
             Kind::Lut2 if m.six => decode_u8_k::<LUT2S>(m, g0, n_idx, out),
             Kind::Lut2 => decode_u8_k::<LUT2X>(m, g0, n_idx, out),
+            Kind::Vec2x16 if m.six => decode_u8_k::<VEC16S>(m, g0, n_idx, out),
             Kind::Vec2x16 => decode_u8_k::<VEC16X>(m, g0, n_idx, out),
             Kind::Vec2x64 if m.six => decode_u8_k::<VEC64S>(m, g0, n_idx, out),
             Kind::Vec2x64 => decode_u8_k::<VEC64X>(m, g0, n_idx, out),

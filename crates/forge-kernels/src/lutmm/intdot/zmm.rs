@@ -25,7 +25,8 @@
 
 use super::avx2::{
     chunk_bytes, chunks_in_registers, close_block, decode_f32_from, nw, prefetch_l2, reduce, reduce8, six_shifts256,
-    tabs, three_shifts256, Tabs, INT8X, LUT2S, LUT2X, LUT3S, LUT3X, LUT4X, PER_BLOCK, VEC16X, VEC64S, VEC64X,
+    tabs, three_shifts256, Tabs, INT8X, LUT2S, LUT2X, LUT3S, LUT3X, LUT4S, LUT4X, PER_BLOCK, VEC16S, VEC16X, VEC64S,
+    VEC64X,
 };
 use super::{Args, DecodeArgs, CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -38,7 +39,8 @@ const U: usize = 2;
 /// dot kernels; INT8 bytes are flipped likewise): lut4 and vec2x16 broadcast to the four
 /// 128-bit lanes (a 64-entry `vpermb` table whose 16 entries repeat), vec2x64 one 64-entry
 /// table per component (`vpermb` reads six index bits), lut2's four-pair groups the entries
-/// repeated every 4, 16 and 64 bytes ([`weights_quad`]).
+/// repeated every 4, 16 and 64 bytes ([`quad_pair`]), lut3's entries 0–7 repeated and each
+/// repeated eight times ([`group_pair`]).
 struct Tabs512 {
     t: [__m512i; 3],
     flip: __m512i,
@@ -52,15 +54,19 @@ unsafe fn tabs512(k: u8, tables: *const i8, unsigned: bool) -> Tabs512 {
         _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(tables.add(16 * i) as *const __m128i)), flip)
     };
     let t = match k {
-        LUT4X | LUT2X => [b16(0), z, z],
-        VEC16X | LUT3X => [b16(0), b16(1), z],
+        LUT4X | LUT4S | LUT2X => [b16(0), z, z],
+        VEC16X | VEC16S | LUT3X => [b16(0), b16(1), z],
         // Entry `i & 3` (lut2's table repeats every four), `(i >> 2) & 3` and `(i >> 4) & 3`.
         LUT2S => {
             let t = b16(0);
             [t, _mm512_permutexvar_epi8(quad_ctrl::<2>(), t), _mm512_permutexvar_epi8(quad_ctrl::<4>(), t)]
         }
-        // Entries 0–7 repeated: bytes 4–7 of every eight from the table of entries 4–7.
-        LUT3S => [_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, b16(0), b16(1)), z, z],
+        // Entries 0–7 repeated (bytes 4–7 of every eight from the table of entries 4–7), and
+        // each entry eight times: a group's six-bit slot holds two pairs (`group_pair`).
+        LUT3S => {
+            let t = _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, b16(0), b16(1));
+            [t, _mm512_permutexvar_epi8(octet_ctrl(), t), z]
+        }
         VEC64X | VEC64S => {
             let t64 = |v: usize| _mm512_xor_si512(_mm512_loadu_si512(tables.add(64 * v) as *const _), flip);
             [t64(0), t64(1), z]
@@ -77,6 +83,12 @@ unsafe fn quad_ctrl<const S: u32>() -> __m512i {
     _mm512_and_si512(_mm512_srli_epi16::<S>(_mm512_loadu_si512(IOTA.as_ptr() as *const _)), _mm512_set1_epi8(3))
 }
 
+/// A `vpermb` control whose byte `i` is `i >> 3`: each of the first eight entries eight times.
+#[inline(always)]
+unsafe fn octet_ctrl() -> __m512i {
+    _mm512_srli_epi16::<3>(_mm512_and_si512(_mm512_loadu_si512(IOTA.as_ptr() as *const _), _mm512_set1_epi8(0x38)))
+}
+
 /// Bytes 0, 1, …, 63.
 const IOTA: [u8; 64] = {
     let mut c = [0u8; 64];
@@ -88,14 +100,19 @@ const IOTA: [u8; 64] = {
     c
 };
 
-/// Chunk pairs per group of lut2's AVX-512 layout (64 bytes; see `super::lut2_quad_pos`).
-const QUAD: usize = 4;
+/// Chunk pairs per group of a kind's AVX-512 layout (`super::group_field`), 0 without one.
+const fn group_pairs(k: u8) -> usize {
+    super::avx2::group_chunks(k) / 2
+}
 
-/// Pair `u` of the group of lut2's AVX-512 layout whose 64 bytes are `v`, as 64 unsigned
-/// weights in pair order: pairs 0–2 by tables that read their own two bits of each byte, pair
-/// 3 by the first table after a shift. Against four plain pairs (a `vpermb` spread, a shift
-/// and a lookup each; `kernel_ab`, rounds alternated), 1.21× on 256×5120 in L2 on one thread
-/// and 1.12–1.28× on 17408×5120 from memory on two.
+/// The most pairs a group holds (lut3's).
+const MAX_GROUP: usize = 8;
+
+/// Pair `u` of lut2's group whose 64 bytes are `v`, as 64 unsigned weights in pair order:
+/// pairs 0–2 by tables that read their own two bits of each byte, pair 3 by the first table
+/// after a shift. Against four plain pairs (a `vpermb` spread, a shift and a lookup each;
+/// `kernel_ab`, rounds alternated), 1.21× on 256×5120 in L2 on one thread and 1.12–1.28× on
+/// 17408×5120 from memory on two.
 #[inline(always)]
 unsafe fn quad_pair(v: __m512i, u: usize, tb: &Tabs512) -> __m512i {
     match u {
@@ -106,31 +123,60 @@ unsafe fn quad_pair(v: __m512i, u: usize, tb: &Tabs512) -> __m512i {
     }
 }
 
-/// The four pairs of the group of lut2's AVX-512 layout at `p` ([`quad_pair`]).
+/// The six-bit slots of the group at `p`: lut2's one plane; lut3's and vec2x64's three planes
+/// and the fourth slot gathered from their top bits (`avx2::top_slot256`'s steps).
 #[inline(always)]
-unsafe fn weights_quad(p: *const u8, tb: &Tabs512) -> [__m512i; QUAD] {
-    let v = _mm512_loadu_si512(p as *const _);
-    std::array::from_fn(|u| quad_pair(v, u, tb))
+unsafe fn group_slots<const K: u8>(p: *const u8) -> [__m512i; 4] {
+    let z = _mm512_setzero_si512();
+    let plane = |i: usize| _mm512_loadu_si512(p.add(64 * i) as *const _);
+    if K == LUT2S || K == LUT4S || K == VEC16S {
+        return [plane(0), z, z, z];
+    }
+    let (p0, p1, p2) = (plane(0), plane(1), plane(2));
+    let (a, b, c) = (_mm512_srli_epi16::<6>(p0), _mm512_srli_epi16::<4>(p1), _mm512_srli_epi16::<2>(p2));
+    // `C ? A : B`, bitwise.
+    let ab = _mm512_ternarylogic_epi32::<0xE4>(a, b, _mm512_set1_epi8(0x03));
+    [p0, p1, p2, _mm512_ternarylogic_epi32::<0xE4>(ab, c, _mm512_set1_epi8(0x0F))]
 }
 
-/// Pairs of the block from chunk `c` (`n` chunks) that lie in whole groups of lut2's AVX-512
-/// layout (none for the other kinds), a multiple of [`QUAD`].
+/// Pair `u` of a group from its slots, as `nw(K)` vectors of 64 unsigned weights in pair
+/// order: one `vpermb` per output (lut2's pair 3 after a shift).
 #[inline(always)]
-fn quad_pairs<const K: u8>(nchunks: usize, c: usize, n: usize) -> usize {
-    if K == LUT2S {
-        super::lut2_quad_chunks(nchunks).saturating_sub(c).min(n) / 2
-    } else {
-        0
+unsafe fn group_pair<const K: u8>(s: &[__m512i; 4], u: usize, tb: &Tabs512) -> [__m512i; 2] {
+    let z = _mm512_setzero_si512();
+    match K {
+        LUT2S => [quad_pair(s[0], u, tb), z],
+        // Pair 0 in the low nibbles, pair 1 in the high (`vpermb` reads six bits: the 16-entry
+        // tables repeat in every 128-bit lane, so the two above the nibble only pick a copy).
+        LUT4S | VEC16S => {
+            let idx = if u == 0 { s[0] } else { _mm512_srli_epi16::<4>(s[0]) };
+            let w1 = if K == VEC16S { _mm512_permutexvar_epi8(idx, tb.t[1]) } else { z };
+            [_mm512_permutexvar_epi8(idx, tb.t[0]), w1]
+        }
+        // Pair `2i` in bits 0–2 of slot `i`, pair `2i + 1` in bits 3–5.
+        LUT3S => [_mm512_permutexvar_epi8(s[u / 2], tb.t[u % 2]), z],
+        _ => [_mm512_permutexvar_epi8(s[u], tb.t[0]), _mm512_permutexvar_epi8(s[u], tb.t[1])],
     }
+}
+
+/// Pairs of the block from chunk `c` (`n` chunks) that lie in whole groups of the kind's
+/// AVX-512 layout, a multiple of [`group_pairs`] (none for the kinds without one).
+#[inline(always)]
+fn grouped_pairs<const K: u8>(nchunks: usize, c: usize, n: usize) -> usize {
+    super::avx2::grouped_chunks(K, nchunks).saturating_sub(c).min(n) / 2
 }
 
 /// The pair of chunks at `p` (chunk `A` at `p`, `B` one chunk on) as `nw(K)` vectors of 64
 /// unsigned weights in pair order.
 #[inline(always)]
 unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
-    if K == LUT2S {
-        // A pair after the row's last whole group: the plain layout.
-        return weights2::<LUT2X>(p, tb);
+    // A pair after the row's last whole group: the plain layout (lut3 and vec2x64: their
+    // stream layouts, below).
+    match K {
+        LUT2S => return weights2::<LUT2X>(p, tb),
+        LUT4S => return weights2::<LUT4X>(p, tb),
+        VEC16S => return weights2::<VEC16X>(p, tb),
+        _ => {}
     }
     let z = _mm512_setzero_si512();
     // Low nibbles in lanes 0 and 1, high nibbles in lanes 2 and 3.
@@ -335,8 +381,8 @@ unsafe fn planes(acc: [__m512i; 3]) -> [__m256i; 2] {
     [fold(_mm512_add_epi32(_mm512_slli_epi32::<8>(acc[0]), acc[1])), fold(acc[2])]
 }
 
-/// The f32 lanes of index row `r` (one activation row, paired layout), per output (not
-/// lut2's groups: [`rows_lanes`] reads those).
+/// The f32 lanes of index row `r` (one activation row, paired layout), per output (not the
+/// kinds with groups: [`rows_lanes`] reads those).
 #[inline(always)]
 unsafe fn row_lanes<const K: u8, const P: usize>(
     a: &Args,
@@ -344,7 +390,7 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
     tb256: &super::avx2::Tabs,
     r: usize,
 ) -> [__m256; 2] {
-    debug_assert!(K != LUT2S, "lut2's groups go through rows_lanes");
+    debug_assert!(group_pairs(K) == 0, "groups go through rows_lanes");
     let cb = chunk_bytes(K);
     let z = _mm512_setzero_si512();
     let mut lanes = [_mm256_setzero_ps(); 2];
@@ -423,25 +469,26 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
         let rows: [*const u8; R] = std::array::from_fn(|i| a.row.add((r + i) * a.row_bytes + c * cb));
         let xhl = a.xhl.add(c / 2 * 4 * CHUNK);
         let x2 = a.xq2.add(c * CHUNK) as *const __m512i;
-        let nq = quad_pairs::<K>(a.nchunks, c, n);
-        // lut2's whole groups pair by pair, each pair's activations loaded once for the rows.
-        for i in (0..nq).step_by(QUAD) {
-            let mut v = [z; R];
+        let nq = grouped_pairs::<K>(a.nchunks, c, n);
+        // Whole groups pair by pair, each pair's activations loaded once for the rows.
+        for i in (0..nq).step_by(group_pairs(K).max(1)) {
+            let mut v = [[z; 4]; R];
             for (vr, row) in v.iter_mut().zip(rows) {
                 let p = row.add(2 * i * cb);
-                prefetch_lines(p, 2 * QUAD * cb);
-                *vr = _mm512_loadu_si512(p as *const _);
+                prefetch_lines(p, 2 * group_pairs(K) * cb);
+                *vr = group_slots::<K>(p);
             }
-            for u in 0..QUAD {
+            for u in 0..group_pairs(K) {
                 let xp = xhl.add((i + u) * 4 * CHUNK);
                 let (h, l) = (_mm512_loadu_si512(xp as *const _), _mm512_loadu_si512(xp.add(64) as *const _));
                 let x2v = if P == 2 { _mm512_loadu_si512(x2.add(i + u) as *const _) } else { z };
-                for (ar, &vr) in acc.iter_mut().zip(&v) {
-                    let w = quad_pair(vr, u, tb);
-                    ar[0][0] = _mm512_dpbusd_epi32(ar[0][0], w, h);
-                    ar[0][1] = _mm512_dpbusd_epi32(ar[0][1], w, l);
-                    if P == 2 {
-                        ar[0][2] = _mm512_dpbusd_epi32(ar[0][2], w, x2v);
+                for (ar, vr) in acc.iter_mut().zip(&v) {
+                    for (av, &w) in ar.iter_mut().zip(&group_pair::<K>(vr, u, tb)).take(nw(K)) {
+                        av[0] = _mm512_dpbusd_epi32(av[0], w, h);
+                        av[1] = _mm512_dpbusd_epi32(av[1], w, l);
+                        if P == 2 {
+                            av[2] = _mm512_dpbusd_epi32(av[2], w, x2v);
+                        }
                     }
                 }
             }
@@ -494,7 +541,10 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
     let mut r = 0;
     while r + per <= a.n_rows {
         let mut lanes = [[_mm256_setzero_ps(); 2]; 8];
-        if K == LUT2S {
+        if K == LUT2S || K == LUT3S || K == LUT4S {
+            // lut2's, lut3's and lut4's groups take four rows at a time (the vector kinds' two,
+            // whose accumulators would not fit): lut3 1.11×, lut4 1.10–1.17× two rows on
+            // 256×5120 in L2 on one thread, lut4 1.02× on 17408×5120 from memory on two.
             for i in (0..per).step_by(4) {
                 lanes[i..i + 4].copy_from_slice(&rows_lanes::<K, P, 4>(a, &tb, &tb256, r + i));
             }
@@ -515,9 +565,12 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
         r += per;
     }
     while r < a.n_rows {
-        // lut2's groups go through `rows_lanes` alone (`row_lanes` reads pairs).
-        let l =
-            if K == LUT2S { rows_lanes::<K, P, 1>(a, &tb, &tb256, r)[0] } else { row_lanes::<K, P>(a, &tb, &tb256, r) };
+        // Groups go through `rows_lanes` alone (`row_lanes` reads pairs).
+        let l = if group_pairs(K) > 0 {
+            rows_lanes::<K, P, 1>(a, &tb, &tb256, r)[0]
+        } else {
+            row_lanes::<K, P>(a, &tb, &tb256, r)
+        };
         let o0 = r * nw(K);
         for (v, &lv) in l.iter().enumerate().take(nw(K)) {
             *a.out.add(o0 + v) = reduce(lv) * *a.scale.add(o0 + v);
@@ -541,6 +594,8 @@ pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
     macro_rules! by_kind {
         ($f:ident) => {
             match (kind, a.planes) {
+                (Kind::Lut4, 2) if a.six => $f::<LUT4S, 2>(a),
+                (Kind::Lut4, _) if a.six => $f::<LUT4S, 1>(a),
                 (Kind::Lut4, 2) => $f::<LUT4X, 2>(a),
                 (Kind::Lut4, _) => $f::<LUT4X, 1>(a),
                 (Kind::Lut3, 2) if a.six => $f::<LUT3S, 2>(a),
@@ -551,6 +606,8 @@ pub(super) unsafe fn rows(kind: super::Kind, a: &Args) {
                 (Kind::Lut2, _) if a.six => $f::<LUT2S, 1>(a),
                 (Kind::Lut2, 2) => $f::<LUT2X, 2>(a),
                 (Kind::Lut2, _) => $f::<LUT2X, 1>(a),
+                (Kind::Vec2x16, 2) if a.six => $f::<VEC16S, 2>(a),
+                (Kind::Vec2x16, _) if a.six => $f::<VEC16S, 1>(a),
                 (Kind::Vec2x16, 2) => $f::<VEC16X, 2>(a),
                 (Kind::Vec2x16, _) => $f::<VEC16X, 1>(a),
                 (Kind::Vec2x64, 2) if a.six => $f::<VEC64S, 2>(a),
@@ -582,18 +639,19 @@ pub(super) unsafe fn decode_f32<const K: u8>(a: &DecodeArgs) {
     let cb = chunk_bytes(K);
     let pairs = cin / (2 * CHUNK);
     let f32s = |b: __m128i, s: __m512| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
-    let nq = quad_pairs::<K>(row_bytes / cb, 0, cin.div_ceil(CHUNK));
+    let nq = grouped_pairs::<K>(row_bytes / cb, 0, cin.div_ceil(CHUNK));
     for g in 0..n_idx {
         let p = row.add(g * row_bytes);
         let mut i = 0;
         while i < pairs {
-            // A whole group of lut2's AVX-512 layout, or one pair.
-            let mut ws = [[_mm512_setzero_si512(); 2]; QUAD];
+            // A whole group of the kind's AVX-512 layout, or one pair.
+            let mut ws = [[_mm512_setzero_si512(); 2]; MAX_GROUP];
             let m = if i < nq {
-                for (w, q) in ws.iter_mut().zip(weights_quad(p.add(2 * i * cb), &tb)) {
-                    w[0] = q;
+                let slots = group_slots::<K>(p.add(2 * i * cb));
+                for (u, w) in ws.iter_mut().enumerate().take(group_pairs(K)) {
+                    *w = group_pair::<K>(&slots, u, &tb);
                 }
-                QUAD.min(pairs - i)
+                group_pairs(K).min(pairs - i)
             } else {
                 ws[0] = weights2::<K>(p.add(2 * i * cb), &tb);
                 1
@@ -662,11 +720,16 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
         let np = nc / 2;
         for i in 0..NO.div_ceil(nw(K)) {
             let row = a.row.add((r0 + i) * a.row_bytes + c0 * cb);
-            let nq = quad_pairs::<K>(a.nchunks, c0, nc);
-            for q in (0..nq).step_by(QUAD) {
-                for (u, w) in weights_quad(row.add(2 * q * cb), tb).into_iter().enumerate() {
-                    if i < NO {
-                        wbuf[i * PAIRS + q + u] = w;
+            let nq = grouped_pairs::<K>(a.nchunks, c0, nc);
+            for q in (0..nq).step_by(group_pairs(K).max(1)) {
+                let slots = group_slots::<K>(row.add(2 * q * cb));
+                for u in 0..group_pairs(K) {
+                    let w = group_pair::<K>(&slots, u, tb);
+                    for (v, &wv) in w.iter().enumerate().take(nw(K)) {
+                        let o = i * nw(K) + v;
+                        if o < NO {
+                            wbuf[o * PAIRS + q + u] = wv;
+                        }
                     }
                 }
             }
