@@ -21,7 +21,9 @@
 //! - lut2: 8 bytes, byte `b` holding the indices of `m = b, 8 + b, 16 + b, 24 + b` at bits
 //!   0–1, 2–3, 4–5, 6–7 (one 64-bit variable shift of a broadcast brings each to its byte).
 //!   Where the AVX-512 kernels run, a row's chunks go in groups of eight instead (64 bytes,
-//!   see [`lut2_quad_pos`]), and the chunks after its last whole group as above.
+//!   see [`group_field`]), and the chunks after its last whole group as above; so do lut4's
+//!   and vec2x16's (groups of four chunks), lut3's and vec2x64's (16 and 8 chunks in 192
+//!   bytes; after the last group their stream layouts below).
 //! - lut3: lut2's 8 bytes for the low two index bits, then a 32-bit word with bit 2 of each
 //!   index (bit `8k + 7 − d` for column `4d + k`); where the AVX-512 kernels run, one stream of 3-bit fields instead
 //!   (see [`six_bit_layout`]).
@@ -347,9 +349,10 @@ fn grouped_chunks(kind: Kind, six: bool, nchunks: usize) -> usize {
 /// - lut3: the same four six-bit slots, each holding two pairs (pair `k` at bits `3(k % 2)` of
 ///   slot `k / 2`; tables repeating every 8 entries, or each entry eight times, read them).
 ///
-/// Against the stream layouts (a `vpermb` spread and a `vpmultishiftqb` per pair, which on a
-/// Zen 4 shares the `vpdpbusd` units): one core, 256×5120 in L2 (`kernel_ab`, rounds
-/// alternated), FIXME.
+/// Against the stream and nibble layouts before them (a `vpermb` spread and a `vpmultishiftqb`
+/// per pair, which on a Zen 4 takes a `vpdpbusd` slot; a broadcast and a shift per pair): one
+/// core, 256×5120 in L2, the two builds alternated three rounds (`kernel_ab`), lut3 1.38×,
+/// vec2x64 1.26×, lut4 1.24× (with four rows at a time), vec2x16 1.06×.
 fn group_field(kind: Kind, c: usize, m: usize, j: usize) -> (usize, usize) {
     let (k, s) = (c % group_chunks(kind) / 2, c % 2);
     let b = 32 * (m / 16) + 16 * s + m % 16;
@@ -1049,7 +1052,8 @@ impl DotLayout {
 /// through the scalar reference. lut3 follows the same choice with three-bit fields (12 bytes a
 /// chunk, as its other layout): one `vpermb`, one `vpmultishiftqb` and the lookup per 64
 /// indices, where the two-bit fields and the word of bit 2 took seven instructions. lut2 too:
-/// its chunks in groups of eight ([`lut2_quad_pos`]).
+/// its chunks in groups of eight, and lut4's, vec2x16's, lut3's and vec2x64's whole groups too
+/// ([`group_field`]).
 pub fn six_bit_layout() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
