@@ -12,6 +12,14 @@ impl Rng {
     }
 }
 
+/// Some tests flip the process-wide kernel switches (`set_avx512`, `set_wide`, the activation
+/// planes, the prefill kernels) and restore them; a test running beside one could pack a
+/// matrix under one setting and multiply under the other. Every test here holds this lock.
+fn switches() -> std::sync::MutexGuard<'static, ()> {
+    static SWITCHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SWITCHES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn fp16(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
@@ -110,6 +118,7 @@ fn run_all(label: &str, p: &PackedMatrix, w: &[f32], rng: &mut Rng) {
 
 #[test]
 fn lut_kernels_match_scalar_reference_and_dense() {
+    let _switches = switches();
     let mut rng = Rng(42);
     for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
         for (cout, cin) in SHAPES {
@@ -124,6 +133,7 @@ fn lut_kernels_match_scalar_reference_and_dense() {
 
 #[test]
 fn int8_kernels_match_scalar_reference_and_dense() {
+    let _switches = switches();
     let mut rng = Rng(7);
     for (cout, cin) in SHAPES.into_iter().chain([(3, 11), (1, 1), (7, 1500)]) {
         let m = random_int8(cout, cin, &mut rng);
@@ -135,6 +145,7 @@ fn int8_kernels_match_scalar_reference_and_dense() {
 
 #[test]
 fn integer_dot_kernels_match_scalar_reference_and_dense() {
+    let _switches = switches();
     let mut rng = Rng(11);
     // Ragged edges in both dimensions, and inputs spanning several activation blocks.
     let shapes =
@@ -155,6 +166,7 @@ fn integer_dot_kernels_match_scalar_reference_and_dense() {
 
 #[test]
 fn integer_codebooks_are_recognised_exactly() {
+    let _switches = switches();
     use intdot::int8_codebook;
     let (f, q) = int8_codebook(&[0.5, -1.0, 0.25, 0.0]).unwrap();
     assert_eq!(f, 2f32.powi(-7));
@@ -170,6 +182,7 @@ fn integer_codebooks_are_recognised_exactly() {
 
 #[test]
 fn integer_dot_propagates_non_finite_inputs() {
+    let _switches = switches();
     let mut rng = Rng(5);
     let m = random_lut_int(Format::Lut4, 16, 200, &mut rng);
     let p = PackedMatrix::from_lut(&m);
@@ -186,6 +199,7 @@ fn integer_dot_propagates_non_finite_inputs() {
 
 #[test]
 fn extreme_indices_and_int8_values_decode() {
+    let _switches = switches();
     // Every index value (incl. the top entry whose bit 3 drives the blend) and ±127/-128.
     for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
         let (d, k) = (format.vec_dim(), format.entries());
@@ -239,6 +253,7 @@ fn extreme_indices_and_int8_values_decode() {
 
 #[test]
 fn integer_sums_are_exact_at_the_extremes() {
+    let _switches = switches();
     // The largest weights against the largest activation codes over whole blocks: each lane
     // then sums 256 products of 255 · 32767 (unsigned weights; 255 · 32639 in the 512-bit
     // decode's layout), the most a block can hold. All inputs equal, so the result is known in
@@ -264,6 +279,7 @@ fn integer_sums_are_exact_at_the_extremes() {
 
 #[test]
 fn second_plane_sums_are_exact_at_the_extremes() {
+    let _switches = switches();
     // Whole blocks of the extreme weights against the extreme second-plane codes (±63), the
     // first plane zero: each `pmaddubsw` pair then adds 2 · 255 · 63, the most it is given, and
     // the result is known in closed form.
@@ -312,6 +328,7 @@ fn second_plane_sums_are_exact_at_the_extremes() {
 
 #[test]
 fn many_rows_through_the_dot_kernels_equal_the_scalar_reference() {
+    let _switches = switches();
     // Direct callers may pass more rows than a kernel call holds; they are split.
     use intdot::{matmul_many, QuantX};
     let mut rng = Rng(5);
@@ -334,6 +351,7 @@ fn many_rows_through_the_dot_kernels_equal_the_scalar_reference() {
 
 #[test]
 fn large_matrix_parallel_path() {
+    let _switches = switches();
     // Big enough for the rayon split; the result must not depend on the thread count.
     let mut rng = Rng(3);
     let m = random_lut(Format::Lut4, 1000, 1030, &mut rng);
@@ -363,6 +381,7 @@ fn large_matrix_parallel_path() {
 
 #[test]
 fn packed_layouts_decode_to_the_stored_weights_exactly() {
+    let _switches = switches();
     use crate::matmul::RowSource;
     let mut rng = Rng(21);
     for (cout, cin) in [(16, 40), (34, 300)] {
@@ -390,6 +409,7 @@ fn packed_layouts_decode_to_the_stored_weights_exactly() {
 
 #[test]
 fn integer_dot_parts_round_trip_through_shared_memory() {
+    let _switches = switches();
     // As a compiled cache stores and maps them: the layout rebuilt from what the cache records
     // (kind, shape, whether it holds the AVX-512 layouts), on rows of 19 chunks (whole groups
     // of every kind's AVX-512 layout, a pair and a chunk after them).
@@ -426,6 +446,7 @@ fn integer_dot_parts_round_trip_through_shared_memory() {
 
 #[test]
 fn one_activation_plane_matches_scalar_and_the_16_bit_bound() {
+    let _switches = switches();
     use intdot::{matmul_many, QuantX};
     let mut rng = Rng(31);
     for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64] {
@@ -459,6 +480,7 @@ fn one_activation_plane_matches_scalar_and_the_16_bit_bound() {
 
 #[test]
 fn simd_decode_equals_scalar_decode() {
+    let _switches = switches();
     let mut rng = Rng(23);
     for (cout, cin) in [(2, 1), (6, 33), (16, 64), (10, 100), (34, 300)] {
         let mut mats: Vec<intdot::DotMatrix> =
@@ -481,6 +503,7 @@ fn simd_decode_equals_scalar_decode() {
 
 #[test]
 fn simd_activation_quantization_equals_scalar() {
+    let _switches = switches();
     use intdot::QuantX;
     let mut rng = Rng(29);
     for (t, cin) in [(1, 1), (1, 31), (2, 576), (3, 1536), (1, 2100), (2, 4200)] {
@@ -510,6 +533,7 @@ fn simd_activation_quantization_equals_scalar() {
 
 #[test]
 fn requantizing_into_kept_buffers_equals_a_fresh_quantization() {
+    let _switches = switches();
     // The kept buffers are sized, not cleared: whatever a larger, denser earlier call left in
     // them, zero blocks, zero residuals, one plane and the padding past the input must still
     // come out as zero codes.
@@ -539,6 +563,7 @@ fn requantizing_into_kept_buffers_equals_a_fresh_quantization() {
 
 #[test]
 fn pair_layout_bytes_rebuild_the_codes() {
+    let _switches = switches();
     // The 512-bit decode's pair layout: `h, l` bytes of each 16-bit code (256·h + l, l in
     // ±128, h in ±127), 16 columns of A, 16 of B, then the rest of each; the second plane in the
     // same order; a last chunk without a partner left plain.
@@ -594,6 +619,7 @@ fn pair_layout_bytes_rebuild_the_codes() {
 
 #[test]
 fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
+    let _switches = switches();
     // The AVX-512 variants (VNNI multiply-accumulates; for vec2x64 one `vpermi2b` per 64-entry
     // table) and the AVX2 kernels: both must give the scalar reference's bits for every format,
     // at decode (T = 1, one and two planes) and verify (T = 3 and 5) sizes, on ragged shapes
@@ -691,6 +717,7 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
 
 #[test]
 fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
+    let _switches = switches();
     // Prefill (T ≥ GEMM_MIN_T) decodes weights to f32 and runs FMA tiles, 16 wide where the
     // CPU has AVX-512 F and 8 wide on AVX2: both within f32 rounding of dequantize-then-matmul
     // on ragged shapes (tails of the 16- and 8-wide steps, partial tiles of rows and columns).
@@ -723,6 +750,7 @@ fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
 
 #[test]
 fn shared_calls_cut_into_guided_tasks_cover_every_row_once() {
+    let _switches = switches();
     // Three matrices sharing an input, big enough to be cut into tasks of falling size across
     // matrix boundaries, on pools of 1–3 threads (with and without the spinning team): every
     // output row is written (they start as NaN) with the bits of the one-thread call.
@@ -769,6 +797,7 @@ fn shared_calls_cut_into_guided_tasks_cover_every_row_once() {
 
 #[test]
 fn integer_prefill_equals_its_scalar_reference_and_dense() {
+    let _switches = switches();
     // The byte-plane prefill: the AVX-512 kernels (where the CPU has them) give the scalar
     // reference's bits, and the reference is within the activations' three-plane bound of
     // dequantize-then-matmul. Ragged panels (outputs not a multiple of 16), ragged tiles of rows
@@ -840,6 +869,7 @@ fn integer_prefill_equals_its_scalar_reference_and_dense() {
 
 #[test]
 fn integer_prefill_planes_on_avx512_equal_the_scalar_code_and_rebuild_the_input() {
+    let _switches = switches();
     // The AVX-512 quantizer gives the scalar code's planes and blocks, and the planes rebuild
     // each value within its block's bound: |x − s₁·(256h + l) − s₂·q₂| ≤ max|x| / (32639 · 254),
     // half for the second plane's rounding and half for the f32 residual `x − s₁·q₁`. Widths with tails of the 16-wide
