@@ -32,14 +32,15 @@ pub const CACHE_FILE: &str = "packed.forgecache";
 ///    recorded as such (version 5 read it back in the plain layout).
 const VERSION: &str = "6";
 
-/// The metadata entry naming vec2x64's index layout, and its values.
-const VEC64_LAYOUT: &str = "vec2x64_layout";
+/// The metadata entry naming the LUT matrices' index layouts (`vec2x64_layout` until version
+/// 5): the AVX-512 kernels' own (`avx512`) or the plain ones the other kernels read.
+const LAYOUTS: &str = "index_layouts";
 
-fn vec64_layout_here() -> &'static str {
+fn layouts_here() -> &'static str {
     if forge_kernels::lutmm::intdot::six_bit_layout() {
-        "six-bit"
+        "avx512"
     } else {
-        "nibble"
+        "plain"
     }
 }
 /// Data starts on this boundary (the header is padded with spaces, as safetensors allows).
@@ -114,13 +115,15 @@ impl Compiled {
         if c.metadata.get("fingerprint") != Some(&fingerprint(ex)?) {
             return Ok(Err(Some("it was compiled from other weights".into())));
         }
-        let here = vec64_layout_here();
-        if let Some(l) = c.metadata.get(VEC64_LAYOUT).filter(|l| l.as_str() != here) {
-            return Ok(Err(Some(format!(
+        // A cache without the entry cannot say how to read its matrices.
+        let here = layouts_here();
+        match c.metadata.get(LAYOUTS) {
+            Some(l) if l == here => Ok(Ok(c)),
+            Some(l) => Ok(Err(Some(format!(
                 "its LUT matrices are in the {l} layout, and this CPU's kernels take the {here} layout"
-            ))));
+            )))),
+            None => Ok(Err(Some(format!("its metadata does not name its index layouts ('{LAYOUTS}')")))),
         }
-        Ok(Ok(c))
     }
 
     /// Parse a cache file (header and bounds only; data stays mapped).
@@ -190,7 +193,7 @@ impl Compiled {
         let src: Arc<dyn AsRef<[u8]> + Send + Sync> = self.map.clone();
         let blob = Blob::Shared { src, offset: d0, len: d1 - d0 };
         // The AVX-512 layouts of every kind but INT8 go together (one metadata entry).
-        let six = self.metadata.get(VEC64_LAYOUT).map(String::as_str) == Some("six-bit");
+        let six = self.metadata.get(LAYOUTS).map(String::as_str) == Some("avx512");
         let dl = DotLayout::cached(kind, cout, cin, six);
         let d = DotMatrix::from_parts(&dl, blob, &tables, scale).with_context(ctx)?;
         let format = forge_kernels::lut::Format::parse(kind).with_context(ctx)?;
@@ -234,7 +237,7 @@ pub fn compile(dir: &Path, force: bool, progress: &dyn Fn(usize, usize)) -> Resu
     let mut header = Map::new();
     let mut meta = Map::new();
     meta.insert("version".into(), VERSION.into());
-    meta.insert(VEC64_LAYOUT.into(), vec64_layout_here().into());
+    meta.insert(LAYOUTS.into(), layouts_here().into());
     meta.insert("fingerprint".into(), fp.into());
     meta.insert("format".into(), "forge packed cache (integer-dot layout)".into());
     let mut plan = Vec::new();

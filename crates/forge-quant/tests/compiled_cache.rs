@@ -86,6 +86,17 @@ fn compiled_cache_is_used_reused_and_checked() {
     assert_eq!(packed, 0, "a cache from other weights is ignored");
     std::fs::write(&layer, &orig).unwrap();
 
+    // A cache whose metadata does not name its index layouts (the entry renamed, same length)
+    // is ignored: its matrices cannot be read safely.
+    let entry = b"\"index_layouts\"";
+    let at = bytes.windows(entry.len()).position(|w| w == entry).expect("the layouts entry");
+    let mut unnamed = bytes.clone();
+    unnamed[at + entry.len() - 2] = b'z';
+    std::fs::write(out.join(CACHE_FILE), &unnamed).unwrap();
+    let (l, packed, _) = logits(&out, &toks);
+    assert_eq!(packed, 0, "a cache without its layouts entry is ignored");
+    assert_eq!(l, before);
+
     // A damaged cache is ignored too (with a warning), never a panic or a partial model.
     std::fs::write(out.join(CACHE_FILE), &bytes[..bytes.len() / 2]).unwrap();
     let (l, packed, _) = logits(&out, &toks);
@@ -99,9 +110,9 @@ fn compiled_cache_is_used_reused_and_checked() {
     assert_eq!(std::fs::read(out.join(CACHE_FILE)).unwrap(), bytes, "rebuilt as before");
     assert_eq!(logits(&out, &toks).1, plain0);
 
-    // vec2x64 packs to the six-bit layout where the AVX-512 kernels run and to the nibble
-    // layout without them: a cache compiled for the other layout is ignored (the matrices are
-    // packed afresh, same logits) and `compile` rebuilds it.
+    // LUT matrices pack to the AVX-512 kernels' own layouts where those run (vec2x64 six-bit
+    // fields, groups) and to the plain ones without them: a cache compiled for the other
+    // layouts is ignored (the matrices are packed afresh, same logits) and `compile` rebuilds it.
     use forge_kernels::lutmm::intdot::{set_avx512, six_bit_layout};
     if six_bit_layout() {
         set_avx512(false);
