@@ -4,6 +4,7 @@ pub mod act;
 pub mod attention;
 pub mod deltanet;
 pub mod experiment;
+pub mod f16tiles;
 pub mod fwht;
 pub mod lut;
 pub mod lutmm;

@@ -63,19 +63,24 @@ impl PackedCache {
 
 /// Low-rank correction `A (out × r)`, `B (r × in)`, applied to the unrotated input. The factors
 /// are held as FP16 bits, as exports store them: a decode reads them whole every token (the
-/// 27B's 208 rank-64 pairs are 0.32 GB a token in FP16, twice that in f32).
+/// 27B's 208 rank-64 pairs are 0.32 GB a token in FP16, twice that in f32). `A` is held in tiles
+/// of 16 rows ([`forge_kernels::f16tiles`]): its rows are only `r` long.
 #[derive(Clone, Debug)]
 pub struct LowRank {
     pub rank: usize,
-    pub a: Vec<u16>,
+    /// Rows of `A` (the layer's outputs).
+    pub out: usize,
+    /// `A` in tiles of 16 rows.
+    pub a_tiles: Vec<u16>,
+    /// `B`, row-major.
     pub b: Vec<u16>,
 }
 
 impl LowRank {
-    /// The factors rounded to FP16 (to nearest).
+    /// The factors (row-major `A`, then `B`) rounded to FP16 (to nearest).
     pub fn from_f32(rank: usize, a: &[f32], b: &[f32]) -> LowRank {
-        let bits = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
-        LowRank { rank, a: bits(a), b: bits(b) }
+        let bits = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        Self::from_bits(rank, bits(a), bits(b))
     }
 
     /// Factors as stored: FP16 bits copied as they are, other float types rounded to FP16.
@@ -89,18 +94,23 @@ impl LowRank {
                 f.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect()
             }
         };
-        LowRank { rank, a: bits(a), b: bits(b) }
+        Self::from_bits(rank, bits(a), bits(b))
     }
 
-    /// `A` and `B` as f32.
+    fn from_bits(rank: usize, a: Vec<u16>, b: Vec<u16>) -> LowRank {
+        let out = a.len() / rank.max(1);
+        LowRank { rank, out, a_tiles: forge_kernels::f16tiles::pack(&a, out, rank), b }
+    }
+
+    /// `A` (row-major) and `B` as f32.
     pub fn factors_f32(&self) -> (Vec<f32>, Vec<f32>) {
         let f = |v: &[u16]| v.iter().map(|&x| half::f16::from_bits(x).to_f32()).collect();
-        (f(&self.a), f(&self.b))
+        (f(&forge_kernels::f16tiles::unpack(&self.a_tiles, self.out, self.rank)), f(&self.b))
     }
 
     /// Bytes the factors take.
     pub fn bytes(&self) -> usize {
-        2 * (self.a.len() + self.b.len())
+        2 * (self.out * self.rank + self.b.len())
     }
 }
 
@@ -340,16 +350,7 @@ impl Linear {
                 self.in_f,
                 &mut bx,
             );
-            let mut abx = Buf::for_overwrite(t * self.out_f);
-            forge_kernels::matmul::matmul_xwt(
-                &bx,
-                t,
-                forge_core::tensor::FloatSlice::F16(&lr.a),
-                self.out_f,
-                lr.rank,
-                &mut abx,
-            );
-            y.iter_mut().zip(abx.iter()).for_each(|(a, b)| *a += b);
+            forge_kernels::f16tiles::gemm_add(&bx, t, &lr.a_tiles, self.out_f, lr.rank, y);
         }
         if let Some(b) = &self.bias {
             for row in y.chunks_mut(self.out_f) {
