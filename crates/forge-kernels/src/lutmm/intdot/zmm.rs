@@ -366,6 +366,33 @@ unsafe fn prefetch_lines(p: *const u8, span: usize) {
     }
 }
 
+/// [`prefetch_lines`] `ahead` bytes past `p` instead of `PREFETCH`.
+#[inline(always)]
+unsafe fn prefetch_lines_ahead(p: *const u8, span: usize, ahead: usize) {
+    let mut o = 0;
+    while o < span {
+        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + o) as *const i8);
+        o += 64;
+    }
+}
+
+/// How far ahead `R` index rows read together ask for their lines: the same place in the rows
+/// whole groups later, about `PREFETCH` on. A stream's own `PREFETCH` bytes ahead lands in a
+/// row that another stream of the group is reading already once rows are longer than
+/// `PREFETCH / R`, and leaves the following group's last rows unasked for. Taken for groups of
+/// long rows where four rows go together (lut2, lut3, lut4) and for INT8: on 5120×17408 from
+/// memory, two Zen 4 threads, lut4 read 1.30–1.32×, lut3 1.17–1.18× and INT8 1.17× as fast
+/// (lut2, bound by its multiply-adds, 1.00×), on 17408×5120 and 5120×6144 the same
+/// (0.98–1.02×); on SmolLM2's short rows, where both land in the same rows, within 3 % either
+/// way. vec2x16's two rows read 0.91–0.94× with it, vec2x64's the same: not taken there
+/// (`FORMATS=… kernel_ab SHAPE 1 11 cold`, the choice on the experiment switch while
+/// measuring).
+#[inline(always)]
+fn group_ahead(row_bytes: usize, rows: usize) -> usize {
+    let group = (row_bytes * rows).max(1);
+    group * ((super::avx2::PREFETCH + group / 2) / group).max(1)
+}
+
 /// A pair's lanes `[A 0–3 | B 0–3 | A 4–7 | B 4–7]` as the 256-bit kernels' eight lanes of the
 /// two chunks together.
 #[inline(always)]
@@ -463,6 +490,10 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
     let z = _mm512_setzero_si512();
     let mut lanes = [[_mm256_setzero_ps(); 2]; R];
     let mut c = 0usize;
+    // 0: each stream `PREFETCH` ahead of itself (where a group's rows are short the two land
+    // in the same rows).
+    let long = a.row_bytes * R > super::avx2::PREFETCH / 2;
+    let ahead = if (R == 4 || K == INT8X) && long { group_ahead(a.row_bytes, R) } else { 0 };
     for b in 0..a.nblocks {
         let n = PER_BLOCK.min(a.nchunks - c);
         let mut acc = [[[z; 3]; 2]; R];
@@ -475,7 +506,11 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
             let mut v = [[z; 4]; R];
             for (vr, row) in v.iter_mut().zip(rows) {
                 let p = row.add(2 * i * cb);
-                prefetch_lines(p, 2 * group_pairs(K) * cb);
+                if ahead == 0 {
+                    prefetch_lines(p, 2 * group_pairs(K) * cb);
+                } else {
+                    prefetch_lines_ahead(p, 2 * group_pairs(K) * cb, ahead);
+                }
                 *vr = group_slots::<K>(p);
             }
             for u in 0..group_pairs(K) {
@@ -498,7 +533,11 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
                 let p = row.add(2 * i * cb);
                 if i % 2 == 0 {
                     // This pair and the next, one request per line.
-                    prefetch_lines(p, 4 * cb);
+                    if ahead == 0 {
+                        prefetch_lines(p, 4 * cb);
+                    } else {
+                        prefetch_lines_ahead(p, 4 * cb, ahead);
+                    }
                 }
                 let w = weights2::<K>(p, tb);
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {
