@@ -247,33 +247,50 @@ pub fn has_f16c() -> bool {
 /// Dot product of the common prefix of `a` and the FP16 values (bits) `b`, in f32.
 #[inline]
 pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_f16c() {
-        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
-        return unsafe { dot_f16_avx2::<false>(a, b) };
-    }
-    dot_f16_portable(a, b)
+    dot16::<false, false>(a, b)
 }
 
 /// [`dot_f16`] for rows of a matrix read from memory row after row: it asks for the lines
-/// 16 KiB ahead into L2 (a low-rank branch's `B`, 64 rows of 5120–6144 values, read 1.3–1.6× as
-/// fast from memory on two Zen 4 cores: `examples/lowrank_probe.rs`). The same result.
+/// 16 KiB ahead into L2 (a low-rank branch's `B`, 64 rows of 5120–6144 values, read 1.24–1.46×
+/// as fast from memory on two Zen 4 cores: `examples/lowrank_probe.rs`). The same result.
 #[inline]
 pub fn dot_f16_stream(a: &[f32], b: &[u16]) -> f32 {
+    dot16::<true, false>(a, b)
+}
+
+/// Dot product of the common prefix of `a` and the BF16 values (bits) `b`, in f32, asking for
+/// `b`'s lines ahead as [`dot_f16_stream`] does (rows of a dense BF16 matrix at decode).
+#[inline]
+pub fn dot_bf16_stream(a: &[f32], b: &[u16]) -> f32 {
+    dot16::<true, true>(a, b)
+}
+
+/// A 16-bit value as f32: BF16 is the top half of an f32, FP16 is widened.
+#[inline(always)]
+fn widen16<const BF16: bool>(w: u16) -> f32 {
+    if BF16 {
+        f32::from_bits((w as u32) << 16)
+    } else {
+        half::f16::from_bits(w).to_f32()
+    }
+}
+
+#[inline]
+fn dot16<const STREAM: bool, const BF16: bool>(a: &[f32], b: &[u16]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_f16c() {
         // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
-        return unsafe { dot_f16_avx2::<true>(a, b) };
+        return unsafe { dot16_avx2::<STREAM, BF16>(a, b) };
     }
-    dot_f16_portable(a, b)
+    dot16_portable::<BF16>(a, b)
 }
 
-fn dot_f16_portable(a: &[f32], b: &[u16]) -> f32 {
+fn dot16_portable<const BF16: bool>(a: &[f32], b: &[u16]) -> f32 {
     let mut acc = [0f32; 8];
     let n = a.len().min(b.len());
     for (ca, cb) in a[..n].chunks(8).zip(b[..n].chunks(8)) {
         for ((s, &x), &w) in acc.iter_mut().zip(ca).zip(cb) {
-            *s += x * half::f16::from_bits(w).to_f32();
+            *s += x * widen16::<BF16>(w);
         }
     }
     acc.iter().sum()
@@ -281,26 +298,34 @@ fn dot_f16_portable(a: &[f32], b: &[u16]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16_avx2<const STREAM: bool>(a: &[f32], b: &[u16]) -> f32 {
+unsafe fn dot16_avx2<const STREAM: bool, const BF16: bool>(a: &[f32], b: &[u16]) -> f32 {
     use std::arch::x86_64::*;
     let n = a.len().min(b.len());
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    // Eight 16-bit values at `p` as f32 (BF16: zero-extended and shifted into the top half).
+    let widen = |p: *const u16| {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        if BF16 {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)))
+        } else {
+            _mm256_cvtph_ps(v)
+        }
+    };
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    // SAFETY (all loads): `i + 8·(u + 1) ≤ n` before each, within both slices.
+    // SAFETY (all loads): `i + 8·(u + 1) ≤ n` before each, within both slices; a prefetch
+    // reads nothing.
     while i + 32 <= n {
         if STREAM {
             _mm_prefetch::<_MM_HINT_T1>((pb.add(i) as *const i8).wrapping_add(16384));
         }
         for (u, s) in acc.iter_mut().enumerate() {
-            let w = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(i + 8 * u) as *const __m128i));
-            *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * u)), w, *s);
+            *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * u)), widen(pb.add(i + 8 * u)), *s);
         }
         i += 32;
     }
     while i + 8 <= n {
-        let w = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(i) as *const __m128i));
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), w, acc[0]);
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), widen(pb.add(i)), acc[0]);
         i += 8;
     }
     let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
@@ -309,7 +334,7 @@ unsafe fn dot_f16_avx2<const STREAM: bool>(a: &[f32], b: &[u16]) -> f32 {
     let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
     let mut r = _mm_cvtss_f32(h);
     for k in i..n {
-        r += a[k] * half::f16::from_bits(b[k]).to_f32();
+        r += a[k] * widen16::<BF16>(b[k]);
     }
     r
 }
@@ -372,67 +397,6 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     axpy_portable(alpha, x, y)
 }
 
-/// Dot product of the common prefix of `a` and the BF16 values (bits) `b`, in f32, asking for
-/// `b`'s lines 16 KiB ahead into L2 (rows of a matrix read from memory, as
-/// [`dot_f16_stream`]). The AVX2 kernel sums as the portable one does lane by lane except for
-/// the order of its four accumulators; both within f32 rounding of the exact sum (tested).
-#[inline]
-pub fn dot_bf16_stream(a: &[f32], b: &[u16]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
-        return unsafe { dot_bf16_avx2(a, b) };
-    }
-    dot_bf16_portable(a, b)
-}
-
-fn dot_bf16_portable(a: &[f32], b: &[u16]) -> f32 {
-    let mut acc = [0f32; 8];
-    let n = a.len().min(b.len());
-    for (ca, cb) in a[..n].chunks(8).zip(b[..n].chunks(8)) {
-        for ((s, &x), &w) in acc.iter_mut().zip(ca).zip(cb) {
-            *s += x * f32::from_bits((w as u32) << 16);
-        }
-    }
-    acc.iter().sum()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_bf16_avx2(a: &[f32], b: &[u16]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    // BF16 is the top half of an f32: zero-extend to 32 bits and shift into place.
-    let widen = |p: *const u16| {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
-    };
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY (all loads): `i + 8·(u + 1) ≤ n` before each, within both slices; the prefetch
-    // reads nothing.
-    while i + 32 <= n {
-        _mm_prefetch::<_MM_HINT_T1>((pb.add(i) as *const i8).wrapping_add(16384));
-        for (u, s) in acc.iter_mut().enumerate() {
-            *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * u)), widen(pb.add(i + 8 * u)), *s);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), widen(pb.add(i)), acc[0]);
-        i += 8;
-    }
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
-    let mut r = _mm_cvtss_f32(h);
-    for k in i..n {
-        r += a[k] * f32::from_bits((b[k] as u32) << 16);
-    }
-    r
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,7 +424,7 @@ mod tests {
             let w: Vec<f64> = b.iter().map(|&v| half::f16::from_bits(v).to_f64()).collect();
             let r: f64 = a.iter().zip(&w).map(|(&x, &y)| x as f64 * y).sum();
             let tol = 1e-5 * (1.0 + a.iter().zip(&w).map(|(&x, y)| (x as f64 * y).abs()).sum::<f64>());
-            for (name, d) in [("dispatch", dot_f16(&a, &b)), ("portable", dot_f16_portable(&a, &b))] {
+            for (name, d) in [("dispatch", dot_f16(&a, &b)), ("portable", dot16_portable::<false>(&a, &b))] {
                 assert!((d as f64 - r).abs() <= tol, "{name}, n={n}: {d} vs {r}");
             }
             // The streaming variant only asks for lines ahead: the same bits.
@@ -476,7 +440,7 @@ mod tests {
             let w: Vec<f64> = b.iter().map(|&v| half::bf16::from_bits(v).to_f64()).collect();
             let r: f64 = a.iter().zip(&w).map(|(&x, &y)| x as f64 * y).sum();
             let tol = 1e-5 * (1.0 + a.iter().zip(&w).map(|(&x, y)| (x as f64 * y).abs()).sum::<f64>());
-            for (name, d) in [("dispatch", dot_bf16_stream(&a, &b)), ("portable", dot_bf16_portable(&a, &b))] {
+            for (name, d) in [("dispatch", dot_bf16_stream(&a, &b)), ("portable", dot16_portable::<true>(&a, &b))] {
                 assert!((d as f64 - r).abs() <= tol, "{name}, n={n}: {d} vs {r}");
             }
         }
