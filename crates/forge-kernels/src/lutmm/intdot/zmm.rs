@@ -490,10 +490,10 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
     let z = _mm512_setzero_si512();
     let mut lanes = [[_mm256_setzero_ps(); 2]; R];
     let mut c = 0usize;
-    // 0: each stream `PREFETCH` ahead of itself (where a group's rows are short the two land
-    // in the same rows).
+    // Otherwise each stream `PREFETCH` ahead of itself (where a group's rows are short the two
+    // land in the same rows).
     let long = a.row_bytes * R > super::avx2::PREFETCH / 2;
-    let ahead = if (R == 4 || K == INT8X) && long { group_ahead(a.row_bytes, R) } else { 0 };
+    let ahead = if (R == 4 || K == INT8X) && long { group_ahead(a.row_bytes, R) } else { super::avx2::PREFETCH };
     for b in 0..a.nblocks {
         let n = PER_BLOCK.min(a.nchunks - c);
         let mut acc = [[[z; 3]; 2]; R];
@@ -506,11 +506,7 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
             let mut v = [[z; 4]; R];
             for (vr, row) in v.iter_mut().zip(rows) {
                 let p = row.add(2 * i * cb);
-                if ahead == 0 {
-                    prefetch_lines(p, 2 * group_pairs(K) * cb);
-                } else {
-                    prefetch_lines_ahead(p, 2 * group_pairs(K) * cb, ahead);
-                }
+                prefetch_lines_ahead(p, 2 * group_pairs(K) * cb, ahead);
                 *vr = group_slots::<K>(p);
             }
             for u in 0..group_pairs(K) {
@@ -533,11 +529,7 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
                 let p = row.add(2 * i * cb);
                 if i % 2 == 0 {
                     // This pair and the next, one request per line.
-                    if ahead == 0 {
-                        prefetch_lines(p, 4 * cb);
-                    } else {
-                        prefetch_lines_ahead(p, 4 * cb, ahead);
-                    }
+                    prefetch_lines_ahead(p, 4 * cb, ahead);
                 }
                 let w = weights2::<K>(p, tb);
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {
