@@ -716,6 +716,42 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
 }
 
 #[test]
+fn lut3_tasks_from_memory_equal_the_scalar_reference() {
+    let _switches = switches();
+    // Tasks of 1 MiB of short lut3 rows and more take two rows at a time in the 512-bit decode
+    // (smaller ones four): both must give the reference's bits, on a row count that leaves a
+    // tail, at one thread (one task of 4.6 MB) and two (tasks of 70, 20 and 10 % of a share).
+    use intdot::{matmul_many, QuantX};
+    let mut rng = Rng(29);
+    let (cout, cin) = (3003, 4096);
+    let m = random_lut_int(Format::Lut3, cout, cin, &mut rng);
+    let p = PackedMatrix::from_lut(&m);
+    let d = p.as_dot().unwrap();
+    assert!(d.packed_bytes() > 4 << 20, "{} bytes", d.packed_bytes());
+    let x: Vec<f32> = (0..cin).map(|_| rng.f()).collect();
+    let qx = QuantX::with_planes(&x, 1, cin, 2);
+    let mut want = vec![0f32; cout];
+    matmul_many(false, &[d], &qx, &mut [&mut want]);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut y = vec![0f32; cout];
+        pool.install(|| matmul_many(true, &[d], &qx, &mut [&mut y]));
+        assert_eq!(bits(&y), bits(&want), "{threads} thread(s)");
+    }
+    check_quantized_x(
+        "lut3 from memory",
+        &want,
+        &matmul_ref(&x, 1, &m.reconstruct(), cout, cin),
+        &x,
+        &m.reconstruct(),
+        1,
+        cout,
+        cin,
+    );
+}
+
+#[test]
 fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
     let _switches = switches();
     // Prefill (T ≥ GEMM_MIN_T) decodes weights to f32 and runs FMA tiles, 16 wide where the

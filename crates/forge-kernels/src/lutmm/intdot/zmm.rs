@@ -376,6 +376,26 @@ unsafe fn prefetch_lines_ahead(p: *const u8, span: usize, ahead: usize) {
     }
 }
 
+/// Pair `u`'s share of the requests for a group's lines (at `offset` in each of the `R` rows,
+/// `ahead` bytes on): line `k` of the `R · lines` goes with pair `k mod pairs`, so they go out
+/// one or two between the pairs' multiply-adds instead of all at the group's start. On the
+/// 2-vCPU Xeon (17408×5120 from memory, two threads, `kernel_ab … cold`, variants alternated
+/// in one process, four runs of 7–11 rounds) vec2x64 read 1.07–1.08× as fast, lut3
+/// 1.04–1.15×, lut2 1.00–1.04×, vec2x16 1.01–1.03×, lut4 0.99–1.02×. A software request there
+/// holds one of the core's few line-fill buffers until memory answers, and a burst of them
+/// keeps the loads that would hit L2 waiting for one; the same requests all in one place per
+/// group (one linear stream over the rows, which lie together) read 0.92–0.96×.
+#[inline(always)]
+unsafe fn prefetch_spread<const K: u8, const R: usize>(rows: &[*const u8; R], offset: usize, u: usize, ahead: usize) {
+    let per_row = 2 * group_pairs(K) * chunk_bytes(K) / 64;
+    let mut k = u;
+    while k < R * per_row {
+        let p = rows[k / per_row].wrapping_add(offset + (k % per_row) * 64 + ahead);
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+        k += group_pairs(K);
+    }
+}
+
 /// How far ahead `R` index rows read together ask for their lines: the same place in the rows
 /// whole groups later, about `PREFETCH` on. A stream's own `PREFETCH` bytes ahead lands in a
 /// row that another stream of the group is reading already once rows are longer than
@@ -505,11 +525,10 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
         for i in (0..nq).step_by(group_pairs(K).max(1)) {
             let mut v = [[z; 4]; R];
             for (vr, row) in v.iter_mut().zip(rows) {
-                let p = row.add(2 * i * cb);
-                prefetch_lines_ahead(p, 2 * group_pairs(K) * cb, ahead);
-                *vr = group_slots::<K>(p);
+                *vr = group_slots::<K>(row.add(2 * i * cb));
             }
             for u in 0..group_pairs(K) {
+                prefetch_spread::<K, R>(&rows, 2 * i * cb, u, ahead);
                 let xp = xhl.add((i + u) * 4 * CHUNK);
                 let (h, l) = (_mm512_loadu_si512(xp as *const _), _mm512_loadu_si512(xp.add(64) as *const _));
                 let x2v = if P == 2 { _mm512_loadu_si512(x2.add(i + u) as *const _) } else { z };
@@ -558,6 +577,10 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
     lanes
 }
 
+/// Bytes of index rows in one task from which [`decode_rows`] takes them to come from memory
+/// (a Zen 4 core's L2; the Xeon's holds 2 MiB).
+const STREAMED: usize = 1 << 20;
+
 /// One activation row in the paired layout: eight outputs reduced and stored together, as the
 /// 256-bit `decode_rows`.
 ///
@@ -569,10 +592,21 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
     let tb = tabs512(K, a.tables, true);
     let tb256 = tabs(K, a.tables, true);
     let per = 8 / nw(K);
+    let four = match K {
+        LUT2S | LUT4S => true,
+        // lut3's four rows hold sixteen six-bit slots, more than the registers left beside
+        // their twelve accumulators. A large task of short rows, which comes from memory,
+        // reads faster two rows at a time: on the Xeon 1.13–1.15× four on 17408×5120 and
+        // 1.12× on 4096×4096 (two threads, `kernel_ab … cold`); in cache four stay faster
+        // (1.14× two on 256×5120, one thread), and so do long rows, which ask for their lines
+        // whole groups ahead (1.15× on 5120×17408 from memory).
+        LUT3S => a.row_bytes * 4 > super::avx2::PREFETCH / 2 || a.n_rows * a.row_bytes < STREAMED,
+        _ => false,
+    };
     let mut r = 0;
     while r + per <= a.n_rows {
         let mut lanes = [[_mm256_setzero_ps(); 2]; 8];
-        if K == LUT2S || K == LUT3S || K == LUT4S {
+        if four {
             // lut2's, lut3's and lut4's groups take four rows at a time (the vector kinds' two,
             // whose accumulators would not fit): lut3 1.11×, lut4 1.10–1.17× two rows on
             // 256×5120 in L2 on one thread, lut4 1.02× on 17408×5120 from memory on two.
