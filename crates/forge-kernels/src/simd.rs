@@ -339,6 +339,22 @@ unsafe fn dot16_avx2<const STREAM: bool, const BF16: bool>(a: &[f32], b: &[u16])
     r
 }
 
+/// Asks for the `span` bytes from `ahead` bytes past `p` to be brought into L2, one request per
+/// 64-byte line. A hint: any address will do, nothing is read.
+#[inline]
+pub fn prefetch_l2(p: *const u8, span: usize, ahead: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for o in (0..span).step_by(64) {
+        // SAFETY: a prefetch never faults and reads nothing into the program; SSE is part of
+        // x86-64.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.wrapping_add(ahead + o) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, span, ahead);
+}
+
 /// `row ← s·row`, then `acc ← acc + alpha·row`, in one pass: the same roundings as a scale
 /// followed by [`axpy`].
 #[inline]

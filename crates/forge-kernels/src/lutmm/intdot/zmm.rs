@@ -385,13 +385,28 @@ unsafe fn prefetch_lines_ahead(p: *const u8, span: usize, ahead: usize) {
 /// holds one of the core's few line-fill buffers until memory answers, and a burst of them
 /// keeps the loads that would hit L2 waiting for one; the same requests all in one place per
 /// group (one linear stream over the rows, which lie together) read 0.92–0.96×.
+///
+/// With `near` (tasks that come from memory, [`STREAMED`]) each line is also asked into L1
+/// [`NEAR`] bytes ahead, from L2 where the first request has brought it by then, so that the
+/// loads do not wait for a fill buffer themselves: on the Xeon from memory lut2 read
+/// 1.04–1.06×, vec2x16, lut3, lut4 1.01–1.02×, vec2x64 1.01× (three runs of 9–11 rounds); in
+/// L2 on one thread, where the lines are at hand, the extra requests cost 2–7 %.
 #[inline(always)]
-unsafe fn prefetch_spread<const K: u8, const R: usize>(rows: &[*const u8; R], offset: usize, u: usize, ahead: usize) {
+unsafe fn prefetch_spread<const K: u8, const R: usize>(
+    rows: &[*const u8; R],
+    offset: usize,
+    u: usize,
+    ahead: usize,
+    near: bool,
+) {
     let per_row = 2 * group_pairs(K) * chunk_bytes(K) / 64;
     let mut k = u;
     while k < R * per_row {
-        let p = rows[k / per_row].wrapping_add(offset + (k % per_row) * 64 + ahead);
-        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+        let p = rows[k / per_row].wrapping_add(offset + (k % per_row) * 64);
+        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead) as *const i8);
+        if near {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(NEAR) as *const i8);
+        }
         k += group_pairs(K);
     }
 }
@@ -505,6 +520,7 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
     tb: &Tabs512,
     tb256: &super::avx2::Tabs,
     r: usize,
+    near: bool,
 ) -> [[__m256; 2]; R] {
     let cb = chunk_bytes(K);
     let z = _mm512_setzero_si512();
@@ -528,7 +544,7 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
                 *vr = group_slots::<K>(row.add(2 * i * cb));
             }
             for u in 0..group_pairs(K) {
-                prefetch_spread::<K, R>(&rows, 2 * i * cb, u, ahead);
+                prefetch_spread::<K, R>(&rows, 2 * i * cb, u, ahead, near);
                 let xp = xhl.add((i + u) * 4 * CHUNK);
                 let (h, l) = (_mm512_loadu_si512(xp as *const _), _mm512_loadu_si512(xp.add(64) as *const _));
                 let x2v = if P == 2 { _mm512_loadu_si512(x2.add(i + u) as *const _) } else { z };
@@ -581,6 +597,9 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
 /// (a Zen 4 core's L2; the Xeon's holds 2 MiB).
 const STREAMED: usize = 1 << 20;
 
+/// How far ahead [`prefetch_spread`] asks for lines into L1 in tasks that come from memory.
+const NEAR: usize = 2048;
+
 /// One activation row in the paired layout: eight outputs reduced and stored together, as the
 /// 256-bit `decode_rows`.
 ///
@@ -592,6 +611,7 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
     let tb = tabs512(K, a.tables, true);
     let tb256 = tabs(K, a.tables, true);
     let per = 8 / nw(K);
+    let streamed = a.n_rows * a.row_bytes >= STREAMED;
     let four = match K {
         LUT2S | LUT4S => true,
         // lut3's four rows hold sixteen six-bit slots, more than the registers left beside
@@ -600,7 +620,7 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
         // 1.12× on 4096×4096 (two threads, `kernel_ab … cold`); in cache four stay faster
         // (1.14× two on 256×5120, one thread), and so do long rows, which ask for their lines
         // whole groups ahead (1.15× on 5120×17408 from memory).
-        LUT3S => a.row_bytes * 4 > super::avx2::PREFETCH / 2 || a.n_rows * a.row_bytes < STREAMED,
+        LUT3S => a.row_bytes * 4 > super::avx2::PREFETCH / 2 || !streamed,
         _ => false,
     };
     let mut r = 0;
@@ -611,11 +631,11 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
             // whose accumulators would not fit): lut3 1.11×, lut4 1.10–1.17× two rows on
             // 256×5120 in L2 on one thread, lut4 1.02× on 17408×5120 from memory on two.
             for i in (0..per).step_by(4) {
-                lanes[i..i + 4].copy_from_slice(&rows_lanes::<K, P, 4>(a, &tb, &tb256, r + i));
+                lanes[i..i + 4].copy_from_slice(&rows_lanes::<K, P, 4>(a, &tb, &tb256, r + i, streamed));
             }
         } else {
             for i in (0..per).step_by(2) {
-                [lanes[i], lanes[i + 1]] = rows_lanes::<K, P, 2>(a, &tb, &tb256, r + i);
+                [lanes[i], lanes[i + 1]] = rows_lanes::<K, P, 2>(a, &tb, &tb256, r + i, streamed);
             }
         }
         let mut v = [_mm256_setzero_ps(); 8];
@@ -632,7 +652,7 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
     while r < a.n_rows {
         // Groups go through `rows_lanes` alone (`row_lanes` reads pairs).
         let l = if group_pairs(K) > 0 {
-            rows_lanes::<K, P, 1>(a, &tb, &tb256, r)[0]
+            rows_lanes::<K, P, 1>(a, &tb, &tb256, r, streamed)[0]
         } else {
             row_lanes::<K, P>(a, &tb, &tb256, r)
         };
