@@ -20,7 +20,8 @@ pub fn recurrent_step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32
             // The first pass reads the state from memory (the 27B's 150 MiB); the heads of a
             // worker lie end to end, so asking 16 KiB ahead reaches into the next one. The
             // 27B's steps for one token on two Xeon threads (48 layers × 48 heads of 128×128,
-            // alternated in one process): 10.5 against 13.0 ms.
+            // with and without alternated in one process; `examples/state_probe.rs` times
+            // them): 10.5 against 13.0 ms.
             crate::simd::prefetch_l2(row.as_ptr() as *const u8, 4 * dv, 16384);
             crate::simd::scale_axpy(decay, row, ki, delta);
         }

@@ -739,16 +739,8 @@ fn lut3_tasks_from_memory_equal_the_scalar_reference() {
         pool.install(|| matmul_many(true, &[d], &qx, &mut [&mut y]));
         assert_eq!(bits(&y), bits(&want), "{threads} thread(s)");
     }
-    check_quantized_x(
-        "lut3 from memory",
-        &want,
-        &matmul_ref(&x, 1, &m.reconstruct(), cout, cin),
-        &x,
-        &m.reconstruct(),
-        1,
-        cout,
-        cin,
-    );
+    let w = m.reconstruct();
+    check_quantized_x("lut3 from memory", &want, &matmul_ref(&x, 1, &w, cout, cin), &x, &w, 1, cout, cin);
 }
 
 #[test]
