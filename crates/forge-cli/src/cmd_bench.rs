@@ -69,6 +69,7 @@ pub fn run(a: Args) -> Result<()> {
         None
     };
     let split = decode_split(model, &a)?;
+    let page_rates = part_page_rates(model, 5);
     let mem = memory(model, &fast.session);
     let eff = |tok_s: f64| bytes_per_token as f64 * tok_s / 1e9;
     // Each paired token's weight bytes over its time, against the mean of the probe passes
@@ -113,6 +114,7 @@ pub fn run(a: Args) -> Result<()> {
             "pack_s": prepare_s,
             "peak_rss_bytes": peak,
             "decode_split_ms_per_token": split.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "decode_split_pages_gb_s": page_rates.iter().map(|(k, r)| (k.clone(), json!(r))).collect::<serde_json::Map<_, _>>(),
             "decode_split_weight_bytes": part_weight_bytes(model).into_iter().map(|(k, b)| (k, json!(b))).collect::<serde_json::Map<_, _>>(),
             "memory_bytes": {
                 "weights": mem.weights,
@@ -184,10 +186,16 @@ pub fn run(a: Args) -> Result<()> {
             .iter()
             .map(|(k, v)| {
                 // A part's weight bytes over its time, next to the probe: where decode falls short.
-                let rate = part_bytes
-                    .iter()
-                    .find(|(p, b)| p == k && *b > 0 && *v > 0.0)
-                    .map_or(String::new(), |(_, b)| format!(", {:.1} GB/s", *b as f64 / (v * 1e-3) / 1e9));
+                let rate =
+                    part_bytes.iter().find(|(p, b)| p == k && *b > 0 && *v > 0.0).map_or(String::new(), |(_, b)| {
+                        let gbs = *b as f64 / (v * 1e-3) / 1e9;
+                        // Against the part's own pages: memory speed differs with where pages lie.
+                        let own = page_rates
+                            .iter()
+                            .find(|(p, _)| p == k)
+                            .map_or(String::new(), |(_, r)| format!(", {:.0} % of its pages' {r:.1}", 100.0 * gbs / r));
+                        format!(", {gbs:.1} GB/s{own}")
+                    });
                 // The delta rule reads and writes every layer's recurrent state once a token.
                 let rate = if k == "deltanet_core" && mem.recurrent > 0 && *v > 0.0 {
                     format!(", state {:.1} GB/s", 2.0 * mem.recurrent as f64 / (v * 1e-3) / 1e9)
@@ -336,24 +344,41 @@ fn decode_split(model: &Model, a: &Args) -> Result<Vec<(String, f64)>> {
     Ok(out)
 }
 
-/// Weight bytes a decoded token reads per part of the decode split (the names of
+/// The matrices of each part of the decode split that reads weights (the names of
 /// `forge_model::profile::Part`).
-fn part_weight_bytes(model: &Model) -> Vec<(String, usize)> {
+fn part_linears(model: &Model) -> Vec<(&'static str, Vec<&Linear>)> {
     use forge_model::model::Mixer;
-    let (mut attn, mut delta, mut mlp) = (0, 0, 0);
+    let (mut attn, mut delta, mut mlp) = (Vec::new(), Vec::new(), Vec::new());
     for l in &model.layers {
         match &l.mixer {
-            Mixer::Attention(a) => attn += [&a.q, &a.k, &a.v, &a.o].iter().map(|l| l.weight_bytes()).sum::<usize>(),
-            Mixer::DeltaNet(d) => {
-                delta += [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out].iter().map(|l| l.weight_bytes()).sum::<usize>()
-            }
+            Mixer::Attention(a) => attn.extend([&a.q, &a.k, &a.v, &a.o]),
+            Mixer::DeltaNet(d) => delta.extend([&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out]),
         }
-        mlp += [&l.mlp.gate, &l.mlp.up, &l.mlp.down].iter().map(|l| l.weight_bytes()).sum::<usize>();
+        mlp.extend([&l.mlp.gate, &l.mlp.up, &l.mlp.down]);
     }
-    [("attention", attn), ("deltanet", delta), ("mlp", mlp), ("head", model.head.weight_bytes())]
+    vec![("attention", attn), ("deltanet", delta), ("mlp", mlp), ("head", vec![&model.head])]
+}
+
+/// Weight bytes a decoded token reads per part of the decode split.
+fn part_weight_bytes(model: &Model) -> Vec<(String, usize)> {
+    part_linears(model).into_iter().map(|(k, ls)| (k.to_string(), ls.iter().map(|l| l.weight_bytes()).sum())).collect()
+}
+
+/// Each part's own pages read by [`WeightProbe::pass`], GB/s: the median of `rounds` passes,
+/// the parts taken in turn in each round (parts without integer-dot matrices left out).
+fn part_page_rates(model: &Model, rounds: usize) -> Vec<(String, f64)> {
+    let probes: Vec<(&str, WeightProbe)> = part_linears(model)
         .into_iter()
-        .map(|(k, b)| (k.to_string(), b))
-        .collect()
+        .map(|(k, ls)| (k, WeightProbe::of(&ls)))
+        .filter(|(_, p)| !p.is_empty())
+        .collect();
+    let mut runs = vec![Vec::with_capacity(rounds); probes.len()];
+    for _ in 0..rounds {
+        for (r, (_, p)) in runs.iter_mut().zip(&probes) {
+            r.push(p.pass());
+        }
+    }
+    probes.iter().zip(runs).map(|((k, _), r)| (k.to_string(), median(r))).collect()
 }
 
 struct Memory {
@@ -468,9 +493,18 @@ pub struct WeightProbe {
 
 impl WeightProbe {
     pub fn new(model: &Model) -> WeightProbe {
+        WeightProbe::of(&model.linears())
+    }
+
+    /// A probe over the integer-dot matrices of `linears`, in that order.
+    pub fn of(linears: &[&Linear]) -> WeightProbe {
+        WeightProbe::of_matrices(linears.iter().filter_map(|l| l.packed.get(&l.weight)))
+    }
+
+    /// A probe over the index rows of `matrices` (those in the integer-dot layout), in order.
+    pub fn of_matrices(matrices: impl IntoIterator<Item = std::sync::Arc<PackedMatrix>>) -> WeightProbe {
         let (mut mats, mut pieces) = (Vec::new(), Vec::new());
-        for l in model.linears() {
-            let Some(p) = l.packed.get(&l.weight) else { continue };
+        for p in matrices {
             let Some(n) = p.index_bytes().map(<[u8]>::len) else { continue };
             pieces.extend((0..n).step_by(PROBE_TASK).map(|s| (mats.len(), s..(s + PROBE_TASK).min(n))));
             mats.push(p);
@@ -567,7 +601,12 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         // Copies of the matrix, called in turn, so that each call reads its weights from memory
         // as a model's layers do: one 17408×5120 matrix (22–89 MB) fits in a large last-level
         // cache (105 MiB on one Xeon, 480 MiB on another), and calling it alone measured cache.
-        let ps: Vec<PackedMatrix> = vec![p; (cold as f64 / bytes).ceil().max(1.0) as usize];
+        let ps: Vec<std::sync::Arc<PackedMatrix>> =
+            (0..(cold as f64 / bytes).ceil().max(1.0) as usize).map(|_| std::sync::Arc::new(p.clone())).collect();
+        // The copies' own pages, read as the probe reads its buffer: a fresh buffer's speed
+        // depends on where its pages lie (1 GiB buffers of one process read 24.6–31.3 GB/s on
+        // the 2-vCPU Xeon), and the kernels can be no faster than a plain pass over their bytes.
+        let pages = WeightProbe::of_matrices(ps.iter().cloned());
         // Timed inside a spinning team, as a model's forward pass runs its calls (`team`): with
         // rayon's sleeping workers each call would also pay for waking them.
         let time = |b: Backend, t: usize| {
@@ -589,15 +628,21 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         };
         // Decode in three rounds, each after a probe pass: its share of the bandwidth is the
         // median of the rounds' ratios.
-        let (mut t1, mut share) = (Vec::new(), Vec::new());
+        let (mut t1, mut share, mut own, mut own_share) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..3 {
             let bw = probe.pass();
+            let pw = (!pages.is_empty()).then(|| pages.pass());
             let t = time(Backend::best(), 1);
             probes.push(bw);
             share.push(bytes / t / 1e9 / bw);
+            if let Some(pw) = pw {
+                own.push(pw);
+                own_share.push(bytes / t / 1e9 / pw);
+            }
             t1.push(t);
         }
         let fast1 = median(t1);
+        let (own, own_share) = if own.is_empty() { (None, None) } else { (Some(median(own)), Some(median(own_share))) };
         let (ref1, fast8) = (time(Backend::Scalar, 1), time(Backend::best(), 8));
         // Prefill: 64 rows, counted in multiply-adds (weights decoded to f32 and FMA tiles).
         let fast64 = time(Backend::best(), 64);
@@ -612,6 +657,8 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
             "gb_s_t8": bytes / fast8 / 1e9,
             "gmac_s_t64": (64 * cout * cin) as f64 / fast64 / 1e9,
             "fraction_of_bandwidth_t1": median(share),
+            "pages_gb_s": own,
+            "fraction_of_pages_t1": own_share,
         }));
     }
     let bw = median(probes);
@@ -624,17 +671,19 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         );
     } else {
         println!(
-            "kernels on {cout}×{cin} (copies cycled through {} MiB), {threads} threads, read bandwidth {bw:.2} GB/s (median of the probe passes run before each decode round; % of bw is the median of the rounds' ratios); {}",
+            "kernels on {cout}×{cin} (copies cycled through {} MiB), {threads} threads, read bandwidth {bw:.2} GB/s (median of the probe passes run before each decode round; % of bw is the median of the rounds' ratios; pages: a pass over the copies' own index rows before each round, and the rounds' share of it); {}",
             cold >> 20,
             forge_kernels::lutmm::intdot::isa()
         );
         println!(
-            "{:<8} {:<8} {:>8} {:>11} {:>9} {:>8} {:>12} {:>9} {:>11} {:>14}",
+            "{:<8} {:<8} {:>8} {:>11} {:>9} {:>10} {:>10} {:>8} {:>12} {:>9} {:>11} {:>14}",
             "format",
             "layout",
             "MB",
             "GB/s T=1",
             "% of bw",
+            "pages GB/s",
+            "% of pages",
             "Gw/s",
             "scalar GB/s",
             "speedup",
@@ -643,13 +692,19 @@ fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
         );
         for r in rows {
             let g = |k: &str| r[k].as_f64().unwrap_or(0.0);
+            let (pages, share) = match (r["pages_gb_s"].as_f64(), r["fraction_of_pages_t1"].as_f64()) {
+                (Some(p), Some(f)) => (format!("{p:.2}"), format!("{:.0}%", 100.0 * f)),
+                _ => ("-".to_string(), "-".to_string()),
+            };
             println!(
-                "{:<8} {:<8} {:>8.2} {:>11.2} {:>8.0}% {:>8.2} {:>12.3} {:>9.1} {:>11.2} {:>14.1}",
+                "{:<8} {:<8} {:>8.2} {:>11.2} {:>8.0}% {:>10} {:>10} {:>8.2} {:>12.3} {:>9.1} {:>11.2} {:>14.1}",
                 r["format"].as_str().unwrap_or(""),
                 r["layout"].as_str().unwrap_or(""),
                 g("bytes") / 1e6,
                 g("gb_s_t1"),
                 100.0 * g("fraction_of_bandwidth_t1"),
+                pages,
+                share,
                 g("gweights_s_t1"),
                 g("scalar_gb_s_t1"),
                 g("speedup_vs_scalar"),

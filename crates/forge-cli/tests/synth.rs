@@ -262,6 +262,13 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
         .map(|p| j["decode_split_weight_bytes"][p].as_f64().unwrap_or_else(|| panic!("bytes of {p}: {out}")))
         .sum();
     assert_eq!(parts, num("weight_bytes_per_token"), "{out}");
+    // Each part's own pages read at a rate (the parts with integer-dot matrices; the MLP has).
+    let pages = j["decode_split_pages_gb_s"].as_object().unwrap_or_else(|| panic!("no page rates: {out}"));
+    assert!(pages.contains_key("mlp"), "{out}");
+    for (p, r) in pages {
+        assert!(["attention", "deltanet", "mlp", "head"].contains(&p.as_str()), "{p}: {out}");
+        assert!(r.as_f64().is_some_and(|r| r > 0.0), "{p}: {out}");
+    }
     // 8 tokens (repeats × generated, at least 8) each timed between passes of both probes.
     assert_eq!(num("bandwidth_paired_tokens"), 8.0, "{out}");
     for k in ["bandwidth_runs_gb_s", "weights_read_runs_gb_s"] {

@@ -261,9 +261,9 @@ impl Linear {
 
     /// Forward several layers that read the same input (q/k/v, gate/up): the rotation and the
     /// activation quantization are done once and the integer-dot kernels go out in one parallel
-    /// dispatch when the layers allow it (same rotation, no observers, at least two integer-dot
-    /// weights; the other layers then run one `forward` each); otherwise one `forward` each.
-    /// Same results either way.
+    /// dispatch when the layers allow it (at least two integer-dot weights without observers
+    /// and with the same rotation; the other layers then run one `forward` each, whatever their
+    /// rotation); otherwise one `forward` each. Same results either way.
     pub fn forward_shared(ls: &[&Linear], x: &[f32], t: usize) -> Result<Vec<Vec<f32>>> {
         let mut ys: Vec<Vec<f32>> = ls.iter().map(|l| vec![0f32; t * l.out_f]).collect();
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
@@ -274,20 +274,25 @@ impl Linear {
     /// [`Linear::forward_shared`] into `ys` (`t × out` values each).
     pub fn forward_shared_into(ls: &[&Linear], x: &[f32], t: usize, ys: &mut [&mut [f32]]) -> Result<()> {
         anyhow::ensure!(ls.len() == ys.len(), "{} layers for {} outputs", ls.len(), ys.len());
-        let shareable = fast_path()
-            && ls.len() > 1
-            && ls.len() <= MAX_SHARED
-            && ls
-                .iter()
-                .all(|l| l.observer.is_none() && l.in_f == ls[0].in_f && same_rotation(&l.rotation, &ls[0].rotation));
-        // The packed matrices on the stack: this runs several times per layer and token.
-        let packed: [Option<Arc<PackedMatrix>>; MAX_SHARED] = std::array::from_fn(|i| match ls.get(i) {
-            Some(l) if shareable => l.packed.get(&l.weight).filter(|p| p.is_int_dot()),
+        // The packed matrices on the stack: this runs several times per layer and token. The
+        // integer-dot ones with the first one's input (width and rotation) go out in one
+        // dispatch on one rotated and quantized input; the others (a DeltaNet's dense
+        // `in_b`/`in_a`, unrotated, next to its packed `in_qkv`/`in_z`) one call each.
+        let int_dot =
+            |l: &Linear| l.observer.is_none().then(|| l.packed.get(&l.weight).filter(|p| p.is_int_dot())).flatten();
+        let first = ls.iter().position(|l| int_dot(l).is_some());
+        let packed: [Option<Arc<PackedMatrix>>; MAX_SHARED] = std::array::from_fn(|i| match (ls.get(i), first) {
+            (Some(l), Some(f))
+                if fast_path()
+                    && ls.len() <= MAX_SHARED
+                    && l.in_f == ls[f].in_f
+                    && same_rotation(&l.rotation, &ls[f].rotation) =>
+            {
+                int_dot(l)
+            }
             _ => None,
         });
-        // The integer-dot matrices go out in one dispatch on one quantized input; the others (a
-        // DeltaNet's dense `in_b`/`in_a` next to its packed `in_qkv`/`in_z`) one call each.
-        if !shareable || packed[..ls.len()].iter().filter(|p| p.is_some()).count() < 2 {
+        if packed[..ls.len().min(MAX_SHARED)].iter().filter(|p| p.is_some()).count() < 2 {
             for (l, y) in ls.iter().zip(ys.iter_mut()) {
                 l.forward_into(x, t, y)?;
             }
@@ -304,7 +309,7 @@ impl Linear {
                 l.out_f
             );
         }
-        let rotated = ls[0].rotated_input(x);
+        let rotated = ls[first.expect("two integer-dot matrices")].rotated_input(x);
         let xin = rotated.as_deref().unwrap_or(x);
         {
             let first = packed.iter().flatten().next().expect("checked above");
@@ -557,6 +562,17 @@ mod tests {
         let group = [&layers[0], &odd, &layers[1], &layers[2]];
         for t in [1, 3] {
             let x = rnd(t * in_f, 90 + t as u64);
+            let out = Linear::forward_shared(&group, &x, t).unwrap();
+            for (l, y) in group.iter().zip(&out) {
+                assert_eq!(*y, l.forward(&x, t).unwrap(), "{} t={t}", l.name);
+            }
+        }
+        // An unrotated dense layer first (a DeltaNet's `in_b` beside its rotated packed inputs):
+        // the rotated integer-dot layers still go out fused, on their own rotation.
+        let plain = Linear::dense("plain", HostTensor::from_f32(vec![16, in_f], rnd(16 * in_f, 11)), None);
+        let group = [&plain, &layers[0], &layers[1], &odd];
+        for t in [1, 3] {
+            let x = rnd(t * in_f, 95 + t as u64);
             let out = Linear::forward_shared(&group, &x, t).unwrap();
             for (l, y) in group.iter().zip(&out) {
                 assert_eq!(*y, l.forward(&x, t).unwrap(), "{} t={t}", l.name);

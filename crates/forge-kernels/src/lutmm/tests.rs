@@ -716,31 +716,42 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
 }
 
 #[test]
-fn lut3_tasks_from_memory_equal_the_scalar_reference() {
+fn tasks_from_memory_equal_the_scalar_reference() {
     let _switches = switches();
-    // Tasks of 1 MiB of short lut3 rows and more take two rows at a time in the 512-bit decode
-    // (smaller ones four): both must give the reference's bits, on a row count that leaves a
-    // tail, at one thread (one task of 4.6 MB) and two (tasks of 70, 20 and 10 % of a share).
+    // Tasks of 1 MiB and more read their rows as two or four streams from parts of the task
+    // in the 512-bit decode, the rows left over side by side: every kind must give the
+    // reference's bits at one thread (one task) and two (tasks of 70, 20 and 10 % of a share),
+    // on row counts that leave rows over, short rows and long ones (which ask whole rows ahead),
+    // and stay within the activation bound of dense f32.
     use intdot::{matmul_many, QuantX};
     let mut rng = Rng(29);
-    let (cout, cin) = (3003, 4096);
-    let m = random_lut_int(Format::Lut3, cout, cin, &mut rng);
-    let p = PackedMatrix::from_lut(&m);
-    let d = p.as_dot().unwrap();
-    assert!(d.packed_bytes() > 4 << 20, "{} bytes", d.packed_bytes());
-    let x: Vec<f32> = (0..cin).map(|_| rng.f()).collect();
-    let qx = QuantX::with_planes(&x, 1, cin, 2);
-    let mut want = vec![0f32; cout];
-    matmul_many(false, &[d], &qx, &mut [&mut want]);
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for threads in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        let mut y = vec![0f32; cout];
-        pool.install(|| matmul_many(true, &[d], &qx, &mut [&mut y]));
-        assert_eq!(bits(&y), bits(&want), "{threads} thread(s)");
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        for (cout, cin) in [(3002, 4096), (522, 17408 + 96)] {
+            let (p, w) = if format == Format::Int8 {
+                let m = random_int8(cout, cin, &mut rng);
+                (PackedMatrix::from_int8(&m), m.reconstruct())
+            } else {
+                let m = random_lut_int(format, cout, cin, &mut rng);
+                (PackedMatrix::from_lut(&m), m.reconstruct())
+            };
+            let d = p.as_dot().unwrap();
+            assert!(d.packed_bytes() > 2 << 20, "{format:?} {cout}x{cin}: {} bytes", d.packed_bytes());
+            let x: Vec<f32> = (0..cin).map(|_| rng.f()).collect();
+            let qx = QuantX::with_planes(&x, 1, cin, 2);
+            let mut want = vec![0f32; cout];
+            matmul_many(false, &[d], &qx, &mut [&mut want]);
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut y = vec![f32::NAN; cout];
+                pool.install(|| matmul_many(true, &[d], &qx, &mut [&mut y]));
+                let first = bits(&y).iter().zip(bits(&want)).position(|(a, b)| *a != b);
+                assert!(first.is_none(), "{format:?} {cout}x{cin}, {threads} thread(s): output {first:?} differs");
+            }
+            let label = format!("{format:?} {cout}x{cin} from memory");
+            check_quantized_x(&label, &want, &matmul_ref(&x, 1, &w, cout, cin), &x, &w, 1, cout, cin);
+        }
     }
-    let w = m.reconstruct();
-    check_quantized_x("lut3 from memory", &want, &matmul_ref(&x, 1, &w, cout, cin), &x, &w, 1, cout, cin);
 }
 
 #[test]

@@ -506,34 +506,49 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
     lanes
 }
 
-/// Index rows `r..r + R` together, each pair's activations loaded once for all of them: the
-/// same sums as `R` [`row_lanes`] (the integer sums are exact in any order, and the f32 steps
-/// are the same). Two rows, halving the activation loads and reading two weight streams at
+/// Index rows `r, r + stride, …, r + (R − 1)·stride` together (`stride` 1: side by side; more:
+/// one row from each of `R` streams, [`decode_rows`]) over activation `blocks`, their lanes
+/// carried on from `lanes`, each pair's activations loaded once for all rows: over all blocks
+/// from zero lanes the same sums as `R` [`row_lanes`] (the integer sums are exact in any order,
+/// and the f32 steps are the same, block after block, however the blocks are split). Two rows, halving the activation loads and reading two weight streams at
 /// once, took decode 1.00–1.20× on 17408×5120 and 5120×17408 read from memory (the wide rows'
 /// activations outgrow L1) and 1.02–1.29× on SmolLM2's shapes in cache, 2 threads, rounds
 /// alternated in one process. Four rows at a time (lut4, INT8) was not faster; lut2, whose
 /// four-pair groups need the fewest instructions per weight, takes four: 1.07× two rows on
 /// 256×5120 in L2 on one thread, 1.03–1.08× on 17408×5120 from memory on two.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
     a: &Args,
     tb: &Tabs512,
     tb256: &super::avx2::Tabs,
     r: usize,
+    stride: usize,
     near: bool,
+    blocks: std::ops::Range<usize>,
+    mut lanes: [[__m256; 2]; R],
 ) -> [[__m256; 2]; R] {
     let cb = chunk_bytes(K);
     let z = _mm512_setzero_si512();
-    let mut lanes = [[_mm256_setzero_ps(); 2]; R];
-    let mut c = 0usize;
+    let mut c = blocks.start * PER_BLOCK;
     // Otherwise each stream `PREFETCH` ahead of itself (where a group's rows are short the two
     // land in the same rows).
     let long = a.row_bytes * R > super::avx2::PREFETCH / 2;
-    let ahead = if (R == 4 || K == INT8X) && long { group_ahead(a.row_bytes, R) } else { super::avx2::PREFETCH };
-    for b in 0..a.nblocks {
+    let ahead = if stride > 1 {
+        if a.row_bytes > super::avx2::PREFETCH / 2 {
+            group_ahead(a.row_bytes, 1)
+        } else {
+            super::avx2::PREFETCH
+        }
+    } else if (R == 4 || K == INT8X) && long {
+        group_ahead(a.row_bytes, R)
+    } else {
+        super::avx2::PREFETCH
+    };
+    for b in blocks {
         let n = PER_BLOCK.min(a.nchunks - c);
         let mut acc = [[[z; 3]; 2]; R];
-        let rows: [*const u8; R] = std::array::from_fn(|i| a.row.add((r + i) * a.row_bytes + c * cb));
+        let rows: [*const u8; R] = std::array::from_fn(|i| a.row.add((r + i * stride) * a.row_bytes + c * cb));
         let xhl = a.xhl.add(c / 2 * 4 * CHUNK);
         let x2 = a.xq2.add(c * CHUNK) as *const __m512i;
         let nq = grouped_pairs::<K>(a.nchunks, c, n);
@@ -579,7 +594,7 @@ unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
             }
             if n % 2 == 1 {
                 // The last chunk of the row, unpaired, in the plain layout.
-                chunks_in_registers::<K, P, 1>(a, tb256, r + rr, 0, c + n - 1, 1, &mut acc256);
+                chunks_in_registers::<K, P, 1>(a, tb256, r + rr * stride, 0, c + n - 1, 1, &mut acc256);
             }
             let blk = b * 2;
             for (l, av) in lr.iter_mut().zip(acc256[0]).take(nw(K)) {
@@ -612,32 +627,16 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
     let tb256 = tabs(K, a.tables, true);
     let per = 8 / nw(K);
     let streamed = a.n_rows * a.row_bytes >= STREAMED;
-    let four = match K {
-        LUT2S | LUT4S => true,
-        // lut3's four rows hold sixteen six-bit slots, more than the registers left beside
-        // their twelve accumulators. A large task of short rows, which comes from memory,
-        // reads faster two rows at a time: on the Xeon 1.13–1.15× four on 17408×5120 and
-        // 1.12× on 4096×4096 (two threads, `kernel_ab … cold`); in cache four stay faster
-        // (1.14× two on 256×5120, one thread), and so do long rows, which ask for their lines
-        // whole groups ahead (1.15× on 5120×17408 from memory).
-        LUT3S => a.row_bytes * 4 > super::avx2::PREFETCH / 2 || !streamed,
-        _ => false,
-    };
+    // lut3's four rows hold sixteen six-bit slots, more than the registers left beside their
+    // twelve accumulators, and yet read faster than two: in cache (1.14× on 256×5120, one
+    // thread), on long rows (1.15× on 5120×17408 from memory) and, as four streams, on short
+    // ones from memory (1.07× two streams on 17408×5120 and 1.05× on 6144×5120, two threads,
+    // `kernel_ab … cold`; with the rows of a group side by side two had read 1.13× four).
+    let four = matches!(K, LUT2S | LUT3S | LUT4S);
+    let zero = [_mm256_setzero_ps(); 2];
     let mut r = 0;
-    while r + per <= a.n_rows {
-        let mut lanes = [[_mm256_setzero_ps(); 2]; 8];
-        if four {
-            // lut2's, lut3's and lut4's groups take four rows at a time (the vector kinds' two,
-            // whose accumulators would not fit): lut3 1.11×, lut4 1.10–1.17× two rows on
-            // 256×5120 in L2 on one thread, lut4 1.02× on 17408×5120 from memory on two.
-            for i in (0..per).step_by(4) {
-                lanes[i..i + 4].copy_from_slice(&rows_lanes::<K, P, 4>(a, &tb, &tb256, r + i, streamed));
-            }
-        } else {
-            for i in (0..per).step_by(2) {
-                [lanes[i], lanes[i + 1]] = rows_lanes::<K, P, 2>(a, &tb, &tb256, r + i, streamed);
-            }
-        }
+    // Eight outputs from the lanes of the `per` index rows from `r0` on.
+    let store = |lanes: &[[__m256; 2]], r0: usize| {
         let mut v = [_mm256_setzero_ps(); 8];
         for (i, l) in lanes.iter().enumerate().take(per) {
             v[i * nw(K)] = l[0];
@@ -645,14 +644,93 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
                 v[i * 2 + 1] = l[1];
             }
         }
-        let o0 = r * nw(K);
+        let o0 = r0 * nw(K);
         _mm256_storeu_ps(a.out.add(o0), _mm256_mul_ps(reduce8(&v), _mm256_loadu_ps(a.scale.add(o0))));
+    };
+    if streamed {
+        // A large task's rows as four streams: the rows read together come from four equal
+        // parts of the task, each part read front to back; the two-row kinds take two pairs of
+        // streams block by block in turn. From memory the rows of a group side by side read as
+        // one stream, and a core needs several far apart to draw the bandwidth (`forge bench`'s
+        // probe: one stream a core 22–24 GB/s on the Xeon, four 30–38). Xeon, two threads,
+        // `kernel_ab … cold`, rounds alternated in one process, against the rows side by side:
+        // on 17408×5120 lut2 1.20×, lut4 1.09×, lut3 1.08×; two streams vec2x16 1.08×, vec2x64
+        // 1.04×, INT8 1.00×, and four against two 1.03×, 1.03× and 1.01× (on 5120×17408 1.06×,
+        // 1.08×, 1.03×); the pairs a whole row each instead of block by block 0.90–0.98×.
+        // Eight streams (two groups of four) read 0.97–1.00× four. In L3 (49152×576, SmolLM2's
+        // head) every kind reads 1.02–1.14× as fast as with its rows side by side.
+        let part = a.n_rows / (per * 4) * per;
+        for j in (0..part).step_by(per) {
+            let mut lanes = [[[_mm256_setzero_ps(); 2]; 8]; 4];
+            for i in 0..per {
+                if four {
+                    let l = rows_lanes::<K, P, 4>(a, &tb, &tb256, j + i, part, streamed, 0..a.nblocks, [zero; 4]);
+                    for (ls, l) in lanes.iter_mut().zip(l) {
+                        ls[i] = l;
+                    }
+                } else if a.nblocks == 1 {
+                    // One block: the same reads, a pair after the other in lighter code (1.02–1.04×
+                    // in L3 on 49152×576).
+                    let l0 = rows_lanes::<K, P, 2>(a, &tb, &tb256, j + i, part, streamed, 0..a.nblocks, [zero; 2]);
+                    let l1 = rows_lanes::<K, P, 2>(
+                        a,
+                        &tb,
+                        &tb256,
+                        2 * part + j + i,
+                        part,
+                        streamed,
+                        0..a.nblocks,
+                        [zero; 2],
+                    );
+                    [lanes[0][i], lanes[1][i]] = l0;
+                    [lanes[2][i], lanes[3][i]] = l1;
+                } else {
+                    let (mut l0, mut l1) = ([zero; 2], [zero; 2]);
+                    for b in 0..a.nblocks {
+                        l0 = rows_lanes::<K, P, 2>(a, &tb, &tb256, j + i, part, streamed, b..b + 1, l0);
+                        l1 = rows_lanes::<K, P, 2>(a, &tb, &tb256, 2 * part + j + i, part, streamed, b..b + 1, l1);
+                    }
+                    [lanes[0][i], lanes[1][i]] = l0;
+                    [lanes[2][i], lanes[3][i]] = l1;
+                }
+            }
+            for (s, l) in lanes.iter().enumerate() {
+                store(l, s * part + j);
+            }
+        }
+        r = 4 * part;
+    }
+    while r + per <= a.n_rows {
+        let mut lanes = [[_mm256_setzero_ps(); 2]; 8];
+        if four {
+            // lut2's, lut3's and lut4's groups take four rows at a time (the vector kinds' two,
+            // whose accumulators would not fit): lut3 1.11×, lut4 1.10–1.17× two rows on
+            // 256×5120 in L2 on one thread, lut4 1.02× on 17408×5120 from memory on two.
+            for i in (0..per).step_by(4) {
+                lanes[i..i + 4].copy_from_slice(&rows_lanes::<K, P, 4>(
+                    a,
+                    &tb,
+                    &tb256,
+                    r + i,
+                    1,
+                    streamed,
+                    0..a.nblocks,
+                    [zero; 4],
+                ));
+            }
+        } else {
+            for i in (0..per).step_by(2) {
+                [lanes[i], lanes[i + 1]] =
+                    rows_lanes::<K, P, 2>(a, &tb, &tb256, r + i, 1, streamed, 0..a.nblocks, [zero; 2]);
+            }
+        }
+        store(&lanes, r);
         r += per;
     }
     while r < a.n_rows {
         // Groups go through `rows_lanes` alone (`row_lanes` reads pairs).
         let l = if group_pairs(K) > 0 {
-            rows_lanes::<K, P, 1>(a, &tb, &tb256, r, streamed)[0]
+            rows_lanes::<K, P, 1>(a, &tb, &tb256, r, 1, streamed, 0..a.nblocks, [zero; 1])[0]
         } else {
             row_lanes::<K, P>(a, &tb, &tb256, r)
         };
