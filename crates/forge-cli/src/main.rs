@@ -40,8 +40,8 @@ struct Cli {
     #[arg(long = "avx512-256", global = true)]
     avx512_256: bool,
     /// Prefill kernels for integer-dot matrices: `int` (byte planes through AVX-512 VNNI,
-    /// logits within ~1e-4 of f32), `f32` (FMA tiles), or `auto` (int where this CPU's
-    /// `vpdpbusd` outpaces its FMAs, measured at start).
+    /// logits within ~1e-4 of f32), `f32` (FMA tiles), or `auto` (int where the 512-bit integer
+    /// kernels run: AVX-512 VNNI and VBMI).
     #[arg(long, global = true, default_value = "auto")]
     prefill: String,
     /// How KV caches store keys and values: f32 (default) or f16, which halves the bytes

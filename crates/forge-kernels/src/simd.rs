@@ -162,8 +162,8 @@ pub fn has_avx512_kernels() -> bool {
 
 /// Multiply-adds per second of this core's 512-bit units, `(f32 FMA, byte vpdpbusd)`, from a
 /// probe of independent chains run once per process (about a millisecond); `None` without the
-/// AVX-512 kernels. The prefill picks its kernels by it: a Zen 4 core issues one 512-bit
-/// FMA or `vpdpbusd` a cycle (16 or 64 multiply-adds), the Xeons measured here two FMAs.
+/// AVX-512 kernels. For reports (`forge bench`): a Zen 4 core issues one 512-bit FMA or
+/// `vpdpbusd` a cycle (16 or 64 multiply-adds), the Xeons measured here two of each.
 pub fn dot_rates() -> Option<(f64, f64)> {
     #[cfg(target_arch = "x86_64")]
     {

@@ -91,8 +91,7 @@ pub fn set_wide(on: bool) {
 /// How prefill (from [`GEMM_MIN_T`] rows) multiplies integer-dot matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prefill {
-    /// Byte planes where the CPU's `vpdpbusd` outpaces its f32 FMAs by a margin (measured,
-    /// [`crate::simd::dot_rates`]), else f32 tiles (default).
+    /// Byte planes where the 512-bit integer kernels run, else f32 tiles (default).
     Auto,
     /// Byte planes through `vpdpbusd` (AVX-512 VNNI; elsewhere f32).
     Int,
@@ -118,18 +117,19 @@ pub fn set_prefill(p: Prefill) {
     PREFILL.store(p as u8, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether prefill takes the byte planes ([`prefill::gemm_many_int`]) here. In auto mode they
-/// must promise 1.15× the f32 multiply-adds: their three `vpdpbusd` per 64 give 21⅓ a
-/// instruction against an FMA's 16, and they cost a little more around the products.
+/// Whether prefill takes the byte planes ([`prefill::gemm_many_int`]) here. Their three
+/// `vpdpbusd` per 64 weights give 21⅓ multiply-adds an instruction against an FMA's 16, and
+/// every core with these kernels measured so far issues `vpdpbusd` at its FMA rate (one core,
+/// G multiply-adds/s: Zen 4 235 against 64, the Xeons 474–482 against 131–132, `forge bench`),
+/// so auto takes them wherever the kernels run. It is decided from the CPU's features alone: a
+/// probe timed at start (taken while `vpdpbusd`'s rate over three beat 1.15× the FMA's, a 6 %
+/// margin on both) chose differently in two processes under load, and their logits differed in
+/// the seventh digit.
 fn int_prefill() -> bool {
     if !avx512() {
         return false;
     }
-    match PREFILL.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => crate::simd::dot_rates().is_some_and(|(f, d)| d / 3.0 > 1.15 * f),
-        1 => true,
-        _ => false,
-    }
+    PREFILL.load(std::sync::atomic::Ordering::Relaxed) != Prefill::F32 as u8
 }
 
 /// Prefill's kernels here, for reports.
