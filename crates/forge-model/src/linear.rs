@@ -278,20 +278,19 @@ impl Linear {
         // integer-dot ones with the first one's input (width and rotation) go out in one
         // dispatch on one rotated and quantized input; the others (a DeltaNet's dense
         // `in_b`/`in_a`, unrotated, next to its packed `in_qkv`/`in_z`) one call each.
-        let int_dot =
-            |l: &Linear| l.observer.is_none().then(|| l.packed.get(&l.weight).filter(|p| p.is_int_dot())).flatten();
-        let first = ls.iter().position(|l| int_dot(l).is_some());
-        let packed: [Option<Arc<PackedMatrix>>; MAX_SHARED] = std::array::from_fn(|i| match (ls.get(i), first) {
-            (Some(l), Some(f))
-                if fast_path()
-                    && ls.len() <= MAX_SHARED
-                    && l.in_f == ls[f].in_f
-                    && same_rotation(&l.rotation, &ls[f].rotation) =>
-            {
-                int_dot(l)
-            }
+        let shareable = fast_path() && ls.len() <= MAX_SHARED;
+        let mut packed: [Option<Arc<PackedMatrix>>; MAX_SHARED] = std::array::from_fn(|i| match ls.get(i) {
+            Some(l) if shareable && l.observer.is_none() => l.packed.get(&l.weight).filter(|p| p.is_int_dot()),
             _ => None,
         });
+        let first = packed.iter().position(Option::is_some);
+        if let Some(f) = first {
+            for (p, l) in packed.iter_mut().zip(ls) {
+                if l.in_f != ls[f].in_f || !same_rotation(&l.rotation, &ls[f].rotation) {
+                    *p = None;
+                }
+            }
+        }
         if packed[..ls.len().min(MAX_SHARED)].iter().filter(|p| p.is_some()).count() < 2 {
             for (l, y) in ls.iter().zip(ys.iter_mut()) {
                 l.forward_into(x, t, y)?;
