@@ -167,7 +167,7 @@ pub fn attend_group<K: KvElem, V: KvElem>(
     let mut slots = crate::scratch::Buf::for_overwrite(parts * slot);
     for (p, sl) in slots.chunks_mut(slot).enumerate() {
         let (o, st) = sl.split_at_mut(out.len());
-        part_of(q, d, kv.part(p), scale, scores, o, st, false);
+        attend_part(q, d, kv.part(p), scale, scores, o, st, false);
     }
     merge_parts(g, &slots, out);
 }
@@ -192,29 +192,16 @@ impl<'a, K: KvElem, V: KvElem> History<'a, K, V> {
 /// over the part's rows (not yet normalized) and `stats[2h..2h + 2] = (m_h, Σ_j e^(s_hj − m_h))`,
 /// `m_h` the largest score. An empty part gives zeros and `(−∞, 0)`.
 ///
-/// For decode and verify, whose history comes from L3 or memory once a token: the key rows are
-/// asked for a block ahead and the value rows while their scores are taken. SmolLM2 `q3`, 2
-/// threads, in one process against without: decode after 512 tokens 1.03–1.07×, after 1024
-/// 1.14×, after 64 1.00×. Prefill, whose consecutive tokens find the history in L2, gained
-/// nothing from it (0.98–0.99×), so [`attend_group`] does not ask.
+/// With `ahead` (decode and verify, whose history comes from L3 or memory once a token; x86-64
+/// so far) the key rows are asked for a block ahead and the value rows while their scores are
+/// taken. SmolLM2 `q3`, 2 threads, in one process against without: decode after 512 tokens
+/// 1.03–1.07×, after 1024 1.14×, after 64 1.00×. Prefill, whose consecutive tokens find the
+/// history in L2, gained nothing from it (0.98–0.99×), so [`attend_group`] does not ask.
 ///
 /// `scores` is scratch of at least `g · kv.n` floats, `stats` holds `2g`.
-pub fn attend_part<K: KvElem, V: KvElem>(
-    q: &[f32],
-    d: usize,
-    kv: History<K, V>,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-    stats: &mut [f32],
-) {
-    part_of(q, d, kv, scale, scores, out, stats, true)
-}
-
-/// [`attend_part`], asking for the rows ahead or not (x86-64 only so far).
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn part_of<K: KvElem, V: KvElem>(
+pub fn attend_part<K: KvElem, V: KvElem>(
     q: &[f32],
     d: usize,
     kv: History<K, V>,
@@ -537,10 +524,10 @@ mod tests {
             let mut slots = vec![0f32; (parts + 1) * slot];
             for p in (0..parts).rev() {
                 let (o, st) = slots[p * slot..(p + 1) * slot].split_at_mut(g * d);
-                attend_part(&q, d, hist(&keys, &values, n, stride, offset).part(p), 0.125, &mut scores, o, st);
+                attend_part(&q, d, hist(&keys, &values, n, stride, offset).part(p), 0.125, &mut scores, o, st, true);
             }
             let (o, st) = slots[parts * slot..].split_at_mut(g * d);
-            attend_part(&q, d, hist(&keys, &values, 0, stride, offset), 0.125, &mut scores, o, st);
+            attend_part(&q, d, hist(&keys, &values, 0, stride, offset), 0.125, &mut scores, o, st, true);
             assert_eq!(st, [f32::NEG_INFINITY, 0.0].repeat(g));
             let mut again = vec![0f32; g * d];
             merge_parts(g, &slots, &mut again);

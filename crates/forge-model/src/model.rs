@@ -674,7 +674,7 @@ fn attend_item<K: KvElem, V: KvElem>(
     match part {
         Some((p, stats)) => {
             let kv = if p < n_parts(kv.n) { kv.part(p) } else { History { n: 0, ..kv } };
-            attend_part(qg, hd, kv, scale, scores, out, stats);
+            attend_part(qg, hd, kv, scale, scores, out, stats, true);
         }
         None => attend_group(qg, hd, kv, scale, scores, out),
     }
