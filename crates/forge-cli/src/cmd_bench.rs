@@ -49,7 +49,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.kernels {
         return kernels(&a, threads, &probe);
     }
-    let path = forge_core::hub::resolve_model(&a.model, true)?;
+    let path = crate::cmd_bundle::resolve(&a.model)?;
     let loaded = forge_model::load::load(&path)?;
     let model = &loaded.model;
     let t0 = Instant::now();

@@ -63,7 +63,7 @@ fn generate(a: GenArgs) -> Result<()> {
     if let Some(n) = a.limit {
         prompts.truncate(n);
     }
-    let path = forge_core::hub::resolve_model(&a.model, true)?;
+    let path = crate::cmd_bundle::resolve(&a.model)?;
     let loaded = forge_model::load::load(&path)?;
     calib_gen::chat_parts(&loaded)?;
     let opts = GenOptions { max_tokens: a.max_tokens, temperature: a.temperature, top_p: a.top_p, seed: a.seed };

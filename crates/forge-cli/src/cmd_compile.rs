@@ -1,5 +1,5 @@
 //! `forge compile`: write an export's packed kernel layout next to it (`packed.forgecache`), so
-//! later starts map it instead of re-packing (the CPU counterpart of the seeds' ANE compile).
+//! later starts map it instead of re-packing (the CPU counterpart of ANEMLL Forge's ANE compile).
 
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};

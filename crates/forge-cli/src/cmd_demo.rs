@@ -40,7 +40,12 @@ pub fn run(a: Args) -> Result<()> {
     let export = dir.join(format!("smollm2-{}", a.preset));
     let reference = dir.join(format!("ref-{}w", a.windows));
     let s = |p: &PathBuf| p.to_string_lossy().to_string();
-    eprintln!("forge demo: SmolLM2-135M-Instruct ({}) → preset {} → KL → chat", model.display(), a.preset);
+    eprintln!(
+        "forge demo: SmolLM2-135M-Instruct ({}) → preset {} → KL → chat\n\
+         (about 4 minutes on 2 cores, most of it quantizing; interrupted, it resumes where it stopped)",
+        model.display(),
+        a.preset
+    );
     if !export.join("forge.json").exists() {
         let resume = export.exists();
         let mut args = vec!["quantize".into(), "--model".into(), "smollm2".into(), "--preset".into(), a.preset.clone()];
@@ -53,7 +58,8 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("\n== 1/4 quantize == (reusing {})", export.display());
     }
     step("2/4 inspect", &["inspect".into(), s(&export)])?;
-    let data = forge_quant::eval::find_data_dir().context("cannot find ../shared/data (the evaluation text)")?;
+    let data = forge_quant::eval::find_data_dir()
+        .context("cannot find data/ (the evaluation text) in the Forge repository")?;
     let text = format!(
         "{}:81920,{}:81920",
         data.join("eval").join("prose.txt").display(),

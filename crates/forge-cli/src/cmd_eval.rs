@@ -33,7 +33,7 @@ struct Windows {
     /// eval/prose.txt:81920,eval/code.txt:81920 under the data directory.
     #[arg(long, value_name = "NAME")]
     protocol: Option<String>,
-    /// The data directory (default: ../shared/data relative to the project root).
+    /// The data directory (default: the repository's data/).
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// Tokens per window (default 512).
@@ -136,7 +136,7 @@ fn show_progress() -> bool {
 }
 
 fn load_and_tokenize(model: &str, setup: &EvalSetup) -> Result<(Loaded, EvalText)> {
-    let path = forge_core::hub::resolve_model(model, true)?;
+    let path = crate::cmd_bundle::resolve(model)?;
     // Read the text before the model so a bad spec fails fast.
     let bytes = setup.text.read()?;
     let loaded = forge_model::load::load(&path)?;
@@ -219,7 +219,7 @@ fn load_candidate(path: &Path, filter: &PartFilter) -> Result<Loaded> {
 fn run_kl(a: KlArgs) -> Result<()> {
     let filter = PartFilter::parse(a.parts.as_deref(), a.layers.as_deref())?;
     let r = Reference::open(&a.reference)?;
-    let path = forge_core::hub::resolve_model(&a.model, true)?;
+    let path = crate::cmd_bundle::resolve(&a.model)?;
     let loaded = load_candidate(&path, &filter)?;
     if let Some((_, hi)) = filter.layer_range() {
         if hi >= loaded.model.cfg.num_layers {

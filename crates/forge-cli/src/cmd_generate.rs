@@ -33,7 +33,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = forge_core::hub::resolve_model(&a.model, true)?;
+    let path = crate::cmd_bundle::resolve(&a.model)?;
     let loaded = forge_model::load::load(&path)?;
     let tok = loaded.tokenizer()?;
     let text = if a.chat {

@@ -26,7 +26,7 @@ pub fn parse_tokens(text: &str, path: &std::path::Path) -> Result<Vec<u32>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = forge_core::hub::resolve_model(&a.model, true)?;
+    let path = crate::cmd_bundle::resolve(&a.model)?;
     let text = std::fs::read_to_string(&a.tokens).with_context(|| format!("{}: cannot read", a.tokens.display()))?;
     let toks = parse_tokens(&text, &a.tokens)?;
     if toks.is_empty() {

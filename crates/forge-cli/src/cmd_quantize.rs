@@ -9,7 +9,7 @@ pub struct Args {
     /// Source model: Hugging Face directory, GGUF file, or a short name (smollm2).
     #[arg(long)]
     model: String,
-    /// Plan JSON (the seeds' format: "<layer>.gate|up|down|mixer|basis" → format).
+    /// Plan JSON (ANEMLL Forge's format: "<layer>.gate|up|down|mixer|basis" → format).
     #[arg(long, conflicts_with = "format")]
     plan: Option<PathBuf>,
     /// Uniform format for MLP and token-mixer matrices (lut4, lut3, lut2, vec2x16, vec2x64, int8, f16, bf16).
@@ -34,7 +34,7 @@ pub struct Args {
     /// given with it override its formats.
     #[arg(long)]
     preset: Option<String>,
-    /// Calibration rows as file:rows,file:rows (files relative to ../shared/data/calib; ids=FILE reads token ids, e.g.
+    /// Calibration rows as file:rows,file:rows (files relative to data/calib; ids=FILE reads token ids, e.g.
     /// from `forge calib generate`; no :rows = every row); default: half prose, half code.
     #[arg(long)]
     calib: Option<String>,
@@ -47,7 +47,7 @@ pub struct Args {
     /// Calibration rows held out of the Hessians (for held-out SNR).
     #[arg(long, default_value_t = 4)]
     holdout: usize,
-    /// Weight codebook fits by the activation energy diag(H) (the seeds' AW=1).
+    /// Weight codebook fits by the activation energy diag(H) (ANEMLL Forge's AW=1).
     #[arg(long)]
     aw: bool,
     /// Rank of low-rank corrections (0 = none).
@@ -70,7 +70,7 @@ pub struct Args {
 }
 
 pub fn run(mut a: Args) -> Result<()> {
-    let source = forge_core::hub::resolve_model(&a.model, true)?;
+    let source = crate::cmd_bundle::resolve(&a.model)?;
     let preset = a.preset.as_deref().map(forge_quant::preset::Preset::get).transpose()?;
     if let Some(p) = &preset {
         a.method = "gptq".into();

@@ -1,4 +1,6 @@
-use anyhow::Result;
+mod agent_config;
+
+use anyhow::{bail, Result};
 use forge_server::engine::EngineConfig;
 use forge_server::request::Overrides;
 use forge_server::{App, ServerConfig};
@@ -55,15 +57,9 @@ impl EngineArgs {
         model_name: Option<String>,
         test_hooks: bool,
     ) -> Result<std::sync::Arc<App>> {
-        let path = forge_core::hub::resolve_model(&self.model, true)?;
+        let path = crate::cmd_bundle::resolve(&self.model)?;
         let loaded = forge_model::load::load(&path)?;
-        let model_id = model_name.unwrap_or_else(|| {
-            if path.to_string_lossy() == self.model {
-                path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| self.model.clone())
-            } else {
-                self.model.clone()
-            }
-        });
+        let model_id = model_name.unwrap_or_else(|| reported_id(&self.model, &path));
         let cfg = ServerConfig {
             api_key,
             model_id,
@@ -83,6 +79,33 @@ impl EngineArgs {
             test_hooks,
         };
         App::new(loaded, cfg)
+    }
+
+    /// The id `/v1/models` will report, found without loading, fetching or verifying the model.
+    pub fn model_id(&self, model_name: Option<String>) -> Result<String> {
+        if let Some(n) = model_name {
+            return Ok(n);
+        }
+        match forge_core::hub::resolve_model_with(&self.model, false, false) {
+            Ok(path) => Ok(reported_id(&self.model, &path)),
+            // A short name whose model is not fetched yet (`serve` fetches it).
+            Err(_) if std::path::Path::new(&self.model).components().count() == 1 => Ok(self.model.clone()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The id for a `--model` argument that resolved to `path`: a plain path by its file (or
+/// directory) name without the extension, a short name or a bundle as given.
+fn reported_id(arg: &str, path: &std::path::Path) -> String {
+    // A bundle is known by the name its release.json gives it.
+    if let Ok(rel) = forge_core::release::Release::read(std::path::Path::new(arg)) {
+        return rel.name;
+    }
+    if path.to_string_lossy() == arg {
+        path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| arg.to_string())
+    } else {
+        arg.to_string()
     }
 }
 
@@ -105,10 +128,34 @@ pub struct Args {
     /// Honour the x_forced_output request field (scripted output, for tests only).
     #[arg(long, hide = true)]
     test_hooks: bool,
+    /// Print a client's configuration for this server (address, model id, key) and exit without
+    /// loading the model: opencode, continue, llm, aider or openai-env (docs/agents.md).
+    #[arg(long, value_name = "AGENT")]
+    print_config: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let api_key = a.api_key.or_else(|| std::env::var("FORGE_API_KEY").ok()).filter(|k| !k.is_empty());
+    if let Some(agent) = &a.print_config {
+        agent_config::check(agent)?;
+        if a.port == 0 {
+            bail!("--print-config needs a fixed --port (0 picks a free port only when the server starts)");
+        }
+        let ctx = a.engine.ctx.max(2);
+        let target = agent_config::Target {
+            host: a.host.clone(),
+            port: a.port,
+            model_id: a.engine.model_id(a.model_name.clone())?,
+            api_key,
+            ctx,
+            // The server refuses max_tokens beyond the context; leave room for the prompt.
+            max_tokens: a.engine.max_tokens.unwrap_or(ctx / 4).clamp(1, ctx),
+        };
+        let p = agent_config::render(agent, &target)?;
+        print!("{}", p.config);
+        eprintln!("forge: {}", p.hint);
+        return Ok(());
+    }
     let app = a.engine.load(api_key, a.model_name, a.test_hooks)?;
     forge_server::server::run(app, &a.host, a.port)
 }

@@ -1,10 +1,13 @@
 //! `forge`: quantize, evaluate and run LLMs on CPUs.
 
 mod cmd_bench;
+mod cmd_bundle;
 mod cmd_calib;
 mod cmd_chat;
 mod cmd_compile;
 mod cmd_demo;
+mod cmd_doctor;
+mod cmd_download;
 mod cmd_eval;
 mod cmd_generate;
 mod cmd_inspect;
@@ -47,10 +50,13 @@ struct Cli {
     /// How KV caches store keys and values: f32 (default) or f16, which halves the bytes
     /// attention reads per token (decode 1.06× at 512 tokens of context on SmolLM2) and rounds
     /// each key and value once (SmolLM2's log-probs move by up to ~2e-2; llama.cpp's default),
-    /// or v8 (the seeds' V8 cache: f16 keys, 8-bit values with a scale per position and head;
+    /// or v8 (ANEMLL Forge's V8 cache: f16 keys, 8-bit values with a scale per position and head;
     /// 3/8 of f32's bytes).
     #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16", "v8"])]
     kv_cache_dtype: Option<String>,
+    /// Load a bundle without checking its files against release.json.
+    #[arg(long, global = true)]
+    no_verify: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -85,10 +91,28 @@ enum Cmd {
     Compile(cmd_compile::Args),
     /// Fetch the embedded default model (SmolLM2-135M-Instruct) into the cache.
     Fetch,
+    /// Download a model or bundle from a Hugging Face–compatible hub.
+    Download(cmd_download::DownloadArgs),
+    /// Compare a downloaded directory with its branch's current commit (metadata or weights changed).
+    CheckUpdate(cmd_download::CheckUpdateArgs),
+    /// Make a self-contained bundle: the model (and drafter), provenance, a SHA-256 inventory.
+    Bundle(cmd_bundle::BundleArgs),
+    /// Check this machine and a model: kernels, threads, memory at a context size, disk, port.
+    Doctor(cmd_doctor::Args),
+    /// Check a bundle's files against its release.json (sizes; --full: every byte).
+    Verify(cmd_bundle::VerifyArgs),
+}
+
+/// `--no-verify`, set once from the command line before any command runs.
+static NO_VERIFY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn no_verify() -> bool {
+    NO_VERIFY.get().copied().unwrap_or(false)
 }
 
 fn main() {
     let cli = Cli::parse();
+    NO_VERIFY.set(cli.no_verify).expect("set once");
     if let Some(n) = cli.threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global() {
             eprintln!("forge: warning: cannot set threads: {e}");
@@ -131,6 +155,11 @@ fn main() {
         Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Synth(a) => cmd_synth::run(a),
         Cmd::Compile(a) => cmd_compile::run(a),
+        Cmd::Bundle(a) => cmd_bundle::run_bundle(a),
+        Cmd::Verify(a) => cmd_bundle::run_verify(a),
+        Cmd::Doctor(a) => cmd_doctor::run(a),
+        Cmd::Download(a) => cmd_download::run_download(a),
+        Cmd::CheckUpdate(a) => cmd_download::run_check_update(a),
         Cmd::Fetch => forge_core::hub::resolve_model("smollm2", true).map(|p| println!("{}", p.display())),
     };
     if let Err(e) = r {

@@ -1,6 +1,6 @@
 //! `forge eval` through the binary: reference → kl of the teacher against itself (KL 0, top-1
 //! 100 %, the .npy and JSON outputs), ppl, and bad input as one-line errors. Uses the real SmolLM2
-//! (tools/setup.sh) on two 64-token windows of `../shared/data/eval/prose.txt`.
+//! (tools/setup.sh) on two 64-token windows of `data/eval/prose.txt`.
 
 mod common;
 
@@ -8,7 +8,7 @@ use common::{expect_error, forge};
 use std::path::PathBuf;
 
 fn data_dir() -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data").to_string()
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../data").to_string()
 }
 
 #[test]

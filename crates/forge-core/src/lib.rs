@@ -6,6 +6,7 @@ pub mod fsutil;
 pub mod gguf;
 pub mod hub;
 pub mod npy;
+pub mod release;
 pub mod safetensors_dir;
 pub mod tensor;
 pub mod tokenizer;

@@ -2,11 +2,10 @@
 //! pass over each in turn per round (4 MiB pieces claimed by a spinning team, four streams a
 //! piece, as `forge bench`'s probe reads), median, lowest and highest pass per buffer.
 //!
-//! On a VM the speed of memory can depend on where a buffer's pages lie: on the 2-vCPU Xeon,
-//! eight 1 GiB buffers of one process read 26.8–30.8 GB/s in one run (medians of 11 passes,
-//! each buffer within a few % of itself from pass to pass; an earlier run with buffers of
-//! 0.25–8 GiB 24.6–31.3, not in order of size), and 28.7–30.0 in two runs half an hour later.
-//! Hence `forge bench` also reads the weights' own pages.
+//! On a VM the speed of memory can depend on where a buffer's pages lie: buffers of one
+//! process can read up to about 15 % apart, each steady from pass to pass and not in order of
+//! size, and the spread changes from one process to the next. Hence `forge bench` also reads
+//! the weights' own pages.
 //!
 //! `cargo run --release -p forge-kernels --example buffer_probe -- ROUNDS GIB...` (threads from
 //! `RAYON_NUM_THREADS`).

@@ -98,8 +98,8 @@ fn run() {
     let x = rng.activations(n_in);
     let mut y = vec![0f32; n_out];
     let reps = if hot { 200 } else { copies };
-    // The block path it took before (rows decoded into f32 blocks, `matmul_rows`) against the
-    // row path `matmul_xwt` now takes, alternated.
+    // The block path (rows decoded into f32 blocks, `matmul_rows`) against the row path that
+    // `matmul_xwt` takes, alternated.
     let mut v = [Vec::new(), Vec::new()];
     forge_kernels::team::with_team(|| {
         for r in 0..rounds {

@@ -105,7 +105,7 @@ impl KvElem for i8 {
 /// The cached keys and values one key/value head attends over: the first `n` rows of
 /// `stride` elements each, this head's vectors starting at `offset` in every row.
 ///
-/// Values may be integer codes with one scale per row (`value_scales[j]`, the seeds' V8
+/// Values may be integer codes with one scale per row (`value_scales[j]`, ANEMLL Forge's V8
 /// cache: row `j`'s values are `value_scales[j] · values[j]`); float values leave
 /// `value_scales` empty. The scale goes onto the row's attention weight (`p_j · s_j`) after
 /// the softmax statistics are taken, so the value sweep is the float one.
@@ -193,10 +193,10 @@ impl<'a, K: KvElem, V: KvElem> History<'a, K, V> {
 /// `m_h` the largest score. An empty part gives zeros and `(−∞, 0)`.
 ///
 /// With `ahead` (decode and verify, whose history comes from L3 or memory once a token; x86-64
-/// so far) the key rows are asked for a block ahead and the value rows while their scores are
-/// taken. SmolLM2 `q3`, 2 threads, in one process against without: decode after 512 tokens
-/// 1.03–1.07×, after 1024 1.14×, after 64 1.00×. Prefill, whose consecutive tokens find the
-/// history in L2, gained nothing from it (0.98–0.99×), so [`attend_group`] does not ask.
+/// only) the key rows are asked for a block ahead and the value rows while their scores are
+/// taken. The longer the history, the more it pays: SmolLM2's decode after 1024 tokens runs
+/// about 1.14× as fast with it, after 64 no faster. Prefill, whose consecutive tokens find the
+/// history in L2, gains nothing from it, so [`attend_group`] does not ask.
 ///
 /// `scores` is scratch of at least `g · kv.n` floats, `stats` holds `2g`.
 #[allow(clippy::too_many_arguments)]
@@ -270,8 +270,8 @@ fn exp_shifted(s: &mut [f32]) -> (f32, f32) {
         s.iter_mut().for_each(|v| *v = 0.0);
         return (m, 0.0);
     }
-    // Through the vector `exp` (2 ulp of libm's): against libm's `exp` one value at a time,
-    // SmolLM2's 512-token prefill ran 1.06× (16 pairs alternated in one process).
+    // Through the vector `exp` (within 2 ulp of libm's), which makes SmolLM2's 512-token
+    // prefill about 6 % faster than libm's `exp` one value at a time.
     (m, crate::act::exp_shifted_sum(s, m))
 }
 

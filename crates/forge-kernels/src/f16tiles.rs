@@ -1,8 +1,8 @@
 //! FP16 matrices with few columns (a low-rank branch's `A`, `out × rank`) in tiles of 16 rows.
 //!
 //! A row of `A` is only `rank` (64) values long: a dot product per row spends more on its
-//! horizontal sum than on its multiply-adds (one Zen 4 core read the 27B's `A` factors at
-//! 15.6 GB/s in cache that way, 57 in tiles: `examples/lowrank_probe.rs`). In tiles the 16 rows
+//! horizontal sum than on its multiply-adds (in cache, tiles read the 27B's `A` factors more
+//! than three times as fast: `examples/lowrank_probe.rs` compares the two). In tiles the 16 rows
 //! of a tile are the 16 lanes of a vector: each column is one widening load and one
 //! multiply-add with the input broadcast, and no horizontal sum is left.
 //!
@@ -48,9 +48,9 @@ pub fn unpack(tiles: &[u16], out: usize, k: usize) -> Vec<u16> {
 }
 
 /// Tiles per task: two tasks per worker, each one long run of the matrix, which the hardware
-/// prefetchers follow (from memory on two Zen 4 cores, tasks of 8 tiles read 23 GB/s and runs
-/// of 160 tiles 38–45; asking for lines 16 KiB ahead as the integer kernels do then read
-/// 0.83–0.87× as much: `examples/lowrank_probe.rs`, development runs).
+/// prefetchers follow: from memory long runs read nearly twice as fast as tasks of 8 tiles,
+/// and asking for lines 16 KiB ahead, as the integer kernels do, only slows them (about
+/// 0.85×; `examples/lowrank_probe.rs` measures both).
 fn task_tiles(n_tiles: usize) -> usize {
     n_tiles.div_ceil(2 * rayon::current_num_threads()).max(1)
 }

@@ -1,6 +1,6 @@
 //! Weight formats, described once: name, index width, codebook shape, reconstruction and packed
-//! size (the seeds' `000_…` §2–3). Fitting and rounding live in `forge-quant`; the fast packed
-//! kernels will live beside the reference decoder here.
+//! size (the ANEMLL Forge quantization guide, §2–3). Fitting and rounding live in `forge-quant`, the fast packed
+//! kernels in `lutmm`; the reference decoder is here.
 //!
 //! A LUT matrix `W (cout × cin)` with vector length `d` stores a codebook `L (K × d)`, indices
 //! `I (cout/d × cin)` and one scale per output row; `Ŵ[d·g + t, j] = s[d·g + t] · L[I[g, j], t]`.
@@ -38,7 +38,7 @@ pub const ALL_FORMATS: [Format; 8] = [
 ];
 
 impl Format {
-    /// Accepts short names (`lut4`, `vec2x16`, `int8`, `bf16`) and the seeds' long ones
+    /// Accepts short names (`lut4`, `vec2x16`, `int8`, `bf16`) and ANEMLL Forge's long ones
     /// ("LUT4 per-tensor + pcs", "vector 2x16 + pcs", "INT8 per-channel").
     pub fn parse(s: &str) -> Result<Format> {
         let k: String = s.to_ascii_lowercase().chars().filter(|c| !c.is_whitespace()).collect();
@@ -72,7 +72,7 @@ impl Format {
         }
     }
 
-    /// The seeds' name, written into export metadata.
+    /// ANEMLL Forge's name, written into export metadata.
     pub fn long_name(self) -> &'static str {
         match self {
             Format::Lut4 => "LUT4 per-tensor + pcs",
@@ -126,7 +126,7 @@ impl Format {
         self.index_bits() as f64 / self.vec_dim() as f64
     }
 
-    /// Packed size by the seeds' formula: `Cout·Cin·b/8 + codebook + 2·Cout` (FP16 codebook and
+    /// Packed size by ANEMLL Forge's formula: `Cout·Cin·b/8 + codebook + 2·Cout` (FP16 codebook and
     /// row scales); int8 adds its FP16 row scales; f16/bf16 are 2 bytes per weight.
     pub fn packed_bytes(self, cout: usize, cin: usize) -> usize {
         let n = cout * cin;
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn packed_size_closed_form() {
-        // Seeds' example: vec2x16 is Cout·Cin/4 + 64 + 2·Cout bytes.
+        // ANEMLL Forge's example: vec2x16 is Cout·Cin/4 + 64 + 2·Cout bytes.
         assert_eq!(Format::Vec2x16.packed_bytes(17408, 5120), 17408 * 5120 / 4 + 64 + 2 * 17408);
         assert_eq!(Format::Lut4.packed_bytes(10, 6), 30 + 32 + 20);
         assert_eq!(Format::Vec2x64.packed_bytes(4, 8), 12 + 256 + 8);

@@ -55,9 +55,9 @@ pub fn matmul_xwt(x: &[f32], t: usize, w: FloatSlice, n_out: usize, n_in: usize,
     assert_eq!(w.len(), n_out * n_in);
     match w {
         // 16-bit rows (low-rank factors' `B`, a DeltaNet's BF16 `in_proj_a`/`in_proj_b`) at
-        // decode sizes: widened in registers, not into a buffer. A BF16 48×5120 decoded into f32
-        // blocks, one task for its 48 rows, took 69.9 µs a call from memory on two Zen 4 cores,
-        // this 16.5 (`examples/lowrank_probe.rs`).
+        // decode sizes: widened in registers, not into a buffer. From memory this reads a BF16
+        // 48×5120 about four times as fast as decoding it into f32 blocks in one task for its
+        // 48 rows (`examples/lowrank_probe.rs` compares the two).
         FloatSlice::F16(bits) if t < GEMM_MIN_ROWS => gemv_16(x, t, bits, n_out, n_in, y, crate::simd::dot_f16_stream),
         FloatSlice::BF16(bits) if t < GEMM_MIN_ROWS => {
             gemv_16(x, t, bits, n_out, n_in, y, crate::simd::dot_bf16_stream)
@@ -88,8 +88,8 @@ fn gemv_16(x: &[f32], t: usize, w: &[u16], n_out: usize, n_in: usize, y: &mut [f
 }
 
 /// Rows per task of a few-row product: at most ROW_BLOCK, at least two tasks per worker (a
-/// rank-64 factor of a low-rank branch in one task kept one core reading it while the others
-/// waited), whole multiples of 8.
+/// rank-64 factor of a low-rank branch in one task would keep one core reading it while the
+/// others wait), whole multiples of 8.
 fn task_rows(n_out: usize) -> usize {
     n_out.div_ceil(2 * rayon::current_num_threads()).next_multiple_of(8).min(ROW_BLOCK)
 }

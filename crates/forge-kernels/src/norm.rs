@@ -2,7 +2,7 @@
 
 /// `Σ x²` in eight interleaved partial sums, added in a fixed order at the end: the same bits on
 /// every target, and a chain eight times shorter than a running sum (SmolLM2's 576-wide norm
-/// took 0.6 µs as one chain, a quarter of that in eight lanes).
+/// runs four times as fast in eight lanes as in one chain).
 fn sum_squares(x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let mut it = x.chunks_exact(8);

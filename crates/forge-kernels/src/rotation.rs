@@ -1,9 +1,9 @@
-//! Online block-Hadamard rotations (seeds `000_…` §6).
+//! Online block-Hadamard rotations (ANEMLL Forge quantization guide, §6).
 //!
-//! Row-vector convention, as in the seeds: an activation row `x` (length `dim`) becomes `x' = x M`, and a weight `W`
+//! Row-vector convention, as in ANEMLL Forge: an activation row `x` (length `dim`) becomes `x' = x M`, and a weight `W`
 //! of shape `(Cout, dim)` whose *input* is rotated becomes `W' = W M`, so `x' W'ᵀ = x M Mᵀ Wᵀ = x Wᵀ`.
 //! `M` is block-diagonal; block `k` is `M_k = D_k H / √b`, with `H` the `b × b` Sylvester Hadamard matrix and
-//! `D = diag(signs)` over the whole dimension (the seeds' "`M = D H / 32`" for `b = 1024`). Because `D` stands on the
+//! `D = diag(signs)` over the whole dimension (ANEMLL Forge's "`M = D H / 32`" for `b = 1024`). Because `D` stands on the
 //! left, `x M` multiplies `x` by the signs *first*, then transforms each block: `x' = FWHT(x ⊙ s) / √b`. The
 //! inverse `x Mᵀ = x H D / √b` transforms first and multiplies by the signs after.
 //!
@@ -19,7 +19,7 @@ use anyhow::{bail, Result};
 
 use crate::numpy_rng::rotation_signs;
 
-/// Widest Hadamard block (the seeds' 1024, whose normalisation is the exact 1/32).
+/// Widest Hadamard block (ANEMLL Forge's 1024, whose normalisation is the exact 1/32).
 pub const MAX_BLOCK: usize = 1024;
 
 /// Below this many elements a rotation is not worth a rayon split (one decode row, a few verify rows).
@@ -34,15 +34,15 @@ pub struct Rotation {
     signs: Vec<f32>,
     /// The signs as bits (bit `k` of byte `i` set where `signs[8i + k]` is −1), applied with
     /// `1/√block` in one pass: a decode rotates each layer's inputs once a token, and the signs,
-    /// evicted by the weight stream in between, came from memory on every call; as f32 they
-    /// were 1–2 % of SmolLM2's decode time, as bits they are 1/32 of the lines.
+    /// evicted by the weight stream in between, come from memory on every call; as f32 they
+    /// would cost 1–2 % of SmolLM2's decode time, as bits they are 1/32 of the lines.
     sign_bits: Vec<u8>,
     /// `1/√block`.
     norm: f32,
 }
 
 impl Rotation {
-    /// The rotation the seeds use for `dim`: block from [`Rotation::block_for`], signs from numpy's generator.
+    /// The rotation ANEMLL Forge uses for `dim`: block from [`Rotation::block_for`], signs from numpy's generator.
     pub fn new(dim: usize, seed: u64) -> Self {
         Self::build(dim, Self::block_for(dim), seed)
     }
@@ -126,8 +126,8 @@ impl Rotation {
             }
         };
         if x.len() >= PAR_MIN_ELEMS && x.len() > n {
-            // Each task reads its own rows of `x` (a copy first, on the calling thread, was
-            // about 1 % of SmolLM2's prefill time while the other workers waited).
+            // Each task reads its own rows of `x` (a copy first, on the calling thread, would
+            // cost about 1 % of SmolLM2's prefill time while the other workers wait).
             let per = (x.len() / n).div_ceil(2 * rayon::current_num_threads()).max(1);
             crate::team::par_chunks_mut(out, per * n, &|i, c| rows(i * per, c));
         } else {
@@ -147,7 +147,7 @@ impl Rotation {
         self.apply_rows(w);
     }
 
-    /// `W ← W Mᵀ` (folds a weight stored in the rotated basis back, as the seeds' reference `Q Mᵀ`).
+    /// `W ← W Mᵀ` (folds a weight stored in the rotated basis back, as ANEMLL Forge's reference `Q Mᵀ`).
     pub fn unrotate_weight(&self, w: &mut [f32], cout: usize) {
         assert_eq!(w.len(), cout * self.dim, "rotation: weight is not {cout} × {}", self.dim);
         self.apply_inverse_rows(w);

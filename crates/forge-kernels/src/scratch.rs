@@ -1,7 +1,7 @@
 //! Reused per-thread buffers, so that a warm decode loop makes no heap allocations.
 //!
 //! A forward pass needs a few dozen short-lived buffers per layer (normalized rows, projections,
-//! attention scores). Allocating them each token cost SmolLM2 ~1800 `malloc`/`free` pairs per
+//! attention scores). Allocating them each token would cost SmolLM2 ~1800 `malloc`/`free` pairs per
 //! token and, for the larger ones, fresh pages from the kernel on every call. A [`Buf`] instead
 //! takes a buffer from its thread's pool and gives it back when dropped. Every token asks for the
 //! same sizes in the same order, so after the first token or two every request is served from
@@ -93,10 +93,10 @@ impl Buf {
     }
 
     /// `n` values left as the pooled buffer had them (zeros where it grows): for outputs the
-    /// caller writes in full before reading. Zeroing buffers that are then overwritten cost
-    /// SmolLM2's decode about 1.5 % of its time, most of it cache misses on lines the weight
-    /// stream had evicted; truncating a pooled vector and growing it again zeroed the same
-    /// values (the vector is therefore never shortened).
+    /// caller writes in full before reading. Zeroing buffers that are then overwritten would
+    /// cost SmolLM2's decode about 1.5 % of its time, most of it cache misses on lines the
+    /// weight stream has evicted; truncating a pooled vector and growing it again would zero the
+    /// same values, so the vector is never shortened.
     pub fn for_overwrite(n: usize) -> Buf {
         Buf::of_len(n)
     }

@@ -163,7 +163,7 @@ pub fn has_avx512_kernels() -> bool {
 /// Multiply-adds per second of this core's 512-bit units, `(f32 FMA, byte vpdpbusd)`, from a
 /// probe of independent chains run once per process (about a millisecond); `None` without the
 /// AVX-512 kernels. For reports (`forge bench`): a Zen 4 core issues one 512-bit FMA or
-/// `vpdpbusd` a cycle (16 or 64 multiply-adds), the Xeons measured here two of each.
+/// `vpdpbusd` a cycle (16 or 64 multiply-adds), the Xeons two of each.
 pub fn dot_rates() -> Option<(f64, f64)> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -251,8 +251,9 @@ pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
 }
 
 /// [`dot_f16`] for rows of a matrix read from memory row after row: it asks for the lines
-/// 16 KiB ahead into L2 (a low-rank branch's `B`, 64 rows of 5120–6144 values, read 1.24–1.46×
-/// as fast from memory on two Zen 4 cores: `examples/lowrank_probe.rs`). The same result.
+/// 16 KiB ahead into L2, so that such a matrix (a low-rank branch's `B`, 64 rows of 5120–6144
+/// values) streams from memory 1.2–1.5× as fast as on the hardware prefetchers alone
+/// (`examples/lowrank_probe.rs` compares the two). The same result.
 #[inline]
 pub fn dot_f16_stream(a: &[f32], b: &[u16]) -> f32 {
     dot16::<true, false>(a, b)

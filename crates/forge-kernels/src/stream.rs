@@ -1,13 +1,13 @@
 //! The read-bandwidth probe's inner loop: a wrapping sum of several sequential streams read in
 //! lockstep, one 64-byte line of each at a time, each prefetched as the decode kernels prefetch
 //! their weights. The probe is the yardstick for the kernels' share of the bandwidth, so it has
-//! to read as fast as the machine allows: the portable loop (eight scalar adds a line) read
-//! 29.5 GB/s on the 2-vCPU Xeon with 480 MiB L3 where a C loop of 512-bit loads read 33.
+//! to read as fast as the machine allows: the portable loop (eight scalar adds a line) falls
+//! about 10 % short of 512-bit loads, hence the vector variants.
 
 /// How far ahead of each stream lines are prefetched into L2, bytes (the decode kernels'
-/// distance and cache). Four streams a worker on the 2-vCPU Zen 4 (twenty-second session, medians
-/// of five alternated passes over 1 GiB): 29.0 GB/s with requests 8 KiB ahead into L1, as the
-/// kernels asked before, 32.0 into L2 at 8 or 16 KiB; one stream without prefetching 30.7.
+/// distance and cache, so that the probe reads as they do). Requests into L1 hold the core's
+/// few line-fill buffers until memory answers: with four streams a worker they read about
+/// 10 % slower than requests into L2.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AHEAD: usize = 16384;
 

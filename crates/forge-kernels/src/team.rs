@@ -3,7 +3,7 @@
 //! Decoding one token makes about five parallel calls per layer, each a few tens of
 //! microseconds of work. Rayon's idle workers go to sleep between them, and waking one costs a
 //! futex round trip and a reschedule each time (on 2 cores about a sixth of SmolLM2's decode
-//! time went to the scheduler). Inside [`with_team`] the other workers instead spin on one
+//! time would go to the scheduler). Inside [`with_team`] the other workers instead spin on one
 //! atomic word and take tasks the moment [`parallel_for`] posts them. They spin only for the
 //! length of that call (one forward pass) and then return to rayon.
 //!

@@ -1,16 +1,16 @@
 //! The compiled cache: an export's LUT/INT8 matrices in the integer-dot kernel layout, stored
 //! next to the export (`packed.forgecache`) and memory-mapped at load, so a model starts without
 //! re-packing and without holding the plain one-byte-per-index form in memory (the CPU
-//! counterpart of the seeds' compiled ANE package).
+//! counterpart of ANEMLL Forge's compiled ANE package).
 //!
 //! The file is a safetensors file: per matrix `{file}/{key}` three tensors — `.data` (U8, the
-//! packed index rows plus 8 bytes of slack), `.tables` (I8, 16 bytes per lookup table) and
+//! packed index rows plus 16 bytes of slack), `.tables` (I8, 16 bytes per lookup table) and
 //! `.scale` (F32, per output row: row scale × codebook factor) — and metadata `{name}.layout`
 //! (`kind cout cin`), the cache `version` and the export's `fingerprint`: a SHA-256 over
 //! `forge.json` and, per export file, its name, size, safetensors header and 64 sampled 4 KiB
 //! blocks. A cache whose fingerprint does not match is ignored (with a warning) and rebuilt by
 //! `forge compile --force`. Matrices whose codebooks are not on the 8-bit grid keep the float
-//! tile kernels and are packed at load as before; they are not in the cache.
+//! tile kernels and are packed at load; they are not in the cache.
 
 use crate::export::Export;
 use anyhow::{anyhow, bail, Context, Result};
@@ -25,15 +25,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub const CACHE_FILE: &str = "packed.forgecache";
-/// 3: 16 bytes of slack after each matrix's index rows (was 8), and vec2x64's layout recorded.
-/// 4: lut2 and lut3 matrices in the integer-dot layout (they took the float tiles, uncached).
-/// 5: lut2 in groups of eight chunks where the AVX-512 kernels run (the same metadata entry).
-/// 6: lut4, vec2x16, lut3 and vec2x64 in groups too (`intdot::group_field`), and lut2's
-///    recorded as such (version 5 read it back in the plain layout).
+/// The cache format's version; a cache of another version is ignored, as a stale one is. This
+/// one holds 16 bytes of slack after each matrix's index rows, every LUT kind with integer-dot
+/// kernels (lut2 and lut3 included) in the integer-dot layout and, where the AVX-512 kernels
+/// run, every grouped kind in its groups (`intdot::group_field`), as [`LAYOUTS`] records.
 const VERSION: &str = "6";
 
-/// The metadata entry naming the LUT matrices' index layouts (`vec2x64_layout` until version
-/// 5): the AVX-512 kernels' own (`avx512`) or the plain ones the other kernels read.
+/// The metadata entry naming the LUT matrices' index layouts: the AVX-512 kernels' own
+/// (`avx512`) or the plain ones the other kernels read.
 const LAYOUTS: &str = "index_layouts";
 
 fn layouts_here() -> &'static str {

@@ -1,4 +1,4 @@
-//! Reading exports (the seeds' layout, docs/export.md) into `Linear` layers.
+//! Reading exports (ANEMLL Forge's layout, docs/export.md) into `Linear` layers.
 //!
 //! An export directory holds `forge.json` (plan, provenance, the source checkpoint), per-layer
 //! safetensors of quantized matrices and optional `embed.safetensors`. Everything an export
@@ -327,7 +327,7 @@ impl Export {
         Ok(Some(lin))
     }
 
-    /// Per-matrix rotation metadata, else the seeds' file-level `basis`/`seed_in`/`seed_mid`/`block`.
+    /// Per-matrix rotation metadata, else ANEMLL Forge's file-level `basis`/`seed_in`/`seed_mid`/`block`.
     fn rotation(
         &self,
         file: &str,

@@ -5,7 +5,7 @@ use crate::linear::Linear;
 
 /// Multiply-adds below which a section runs on the calling thread rather than forking. Low on
 /// purpose: keeping the other workers busy between matrix kernels keeps them from falling asleep
-/// (SmolLM2 lut4, 2 threads: decode 90–97 → 107–109 tok/s going from 2¹⁸ to 2¹²).
+/// (at 2¹⁸ instead, SmolLM2's decode on 2 threads runs 10–15 % slower).
 const PAR_MIN_MACS: usize = 1 << 12;
 
 /// Whether a section of `macs` multiply-adds should fork.
@@ -259,7 +259,7 @@ impl Model {
     pub fn forward_into(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
         // Run on a rayon worker: the kernels' parallel sections then fork from inside the pool
         // instead of each waking the pool from outside (one hand-off per call instead of ~100
-        // per token, which on 2 cores cost a third of SmolLM2's decode time).
+        // per token, which on 2 cores would cost a third of SmolLM2's decode time).
         if rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
             return rayon::scope(|_| self.forward_here(s, tokens, want, out));
         }
@@ -463,8 +463,8 @@ impl Model {
             // an item is a token and key/value head, its parts attended and merged inside it and
             // their outputs never leaving the task: no slot for every (token, head, part) to
             // zero, fill and merge on the calling thread afterwards, and no items for the parts
-            // past an early token's history. SmolLM2 `q3`, 2 threads, against the decode items
-            // (`ab` example, alternated pairs): 512-token prefill 1.27×, 256 1.13×, 64 1.02×.
+            // past an early token's history. Against the decode items this pays the more, the
+            // longer the prompt: SmolLM2's 512-token prefill runs about 1.27× as fast.
             // Sixteen tasks a worker, claimed in order, keep the later tokens' longer histories
             // from leaving one worker alone at the end.
             let items = t * kvh;
@@ -543,7 +543,8 @@ impl Model {
         let mut conv = Buf::for_overwrite(t * cd);
         // Flat index `f` of `conv` is row `f / cd`, channel `f % cd`. Decode has one row, so the
         // work is split over channels, not rows: a row of the 27B shape is 10240 channels, each
-        // four taps and a SiLU, 8.0 ms a token on one core while the other waited (4.5 ms split).
+        // four taps and a SiLU: on one core, while the others wait, that takes nearly twice as
+        // long as split.
         let conv_span = |start: usize, out: &mut [f32]| {
             let (mut f, mut rest) = (start, out);
             while !rest.is_empty() {
@@ -606,8 +607,8 @@ impl Model {
         let mut work = Buf::zeros(nv * area);
         if fork(nv * dk * dv * t) {
             // One run of neighbouring heads per worker: their states lie end to end, so each
-            // worker streams one stretch of memory (the 27B shape at 2 threads: the heads 1.45×
-            // faster than one head per task, whose neighbours went to different workers).
+            // worker streams one stretch of memory (on the 27B shape about 1.45× as fast as one
+            // head per task, whose neighbours go to different workers).
             let hpt = nv.div_ceil(rayon::current_num_threads());
             par_chunks2_mut(&mut st.rec, hpt * dk * dv, &mut work, hpt * area, &|k, states, works| {
                 for (j, (state, w)) in states.chunks_mut(dk * dv).zip(works.chunks_mut(area)).enumerate() {

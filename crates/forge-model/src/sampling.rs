@@ -120,7 +120,7 @@ fn draw(cand: &[(u32, f32)], probs: &mut Vec<f64>, p: &SamplingParams, rng: &mut
 
 /// The first index of the largest value (NaN never wins; a NaN first value gives 0), as
 /// [`argmax_ref`]: the maximum found eight lanes at a time, then its first position (the one
-/// serial loop ran ~30 µs over a 49k-entry vocabulary, a few tenths of a percent of a token).
+/// serial loop would take ~30 µs over a 49k-entry vocabulary, a few tenths of a percent of a token).
 pub fn argmax(x: &[f32]) -> u32 {
     let Some(&first) = x.first() else { return 0 };
     if first.is_nan() {

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// How a KV cache stores its keys and values. f16 halves the bytes attention reads per token
 /// (and the cache's memory); every product and sum stays f32, the stored values are rounded to
-/// f16 once (as llama.cpp's default cache, and the seeds' FP16 history buffers). `v8` is the
-/// seeds' V8 cache: f16 keys, and values as 8-bit codes with one scale per position and head
+/// f16 once (as llama.cpp's default cache, and ANEMLL Forge's FP16 history buffers). `v8` is
+/// ANEMLL Forge's V8 cache: f16 keys, and values as 8-bit codes with one scale per position and head
 /// (`absmax / 127`, kept in f32), 3/8 of the f32 cache's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
@@ -161,7 +161,7 @@ enum Heads {
 /// Post-RoPE keys and values of one attention layer: per key/value head, one contiguous run of
 /// `head_dim` values per position (transformers' `(heads, positions, head_dim)` order). Decode
 /// reads each head's history as one sequential stream; with the heads interleaved per position
-/// (a row of `heads × head_dim`) every row was a short strided piece, which the hardware
+/// (a row of `heads × head_dim`) every row would be a short strided piece, which the hardware
 /// prefetchers follow worse.
 #[derive(Clone, Debug)]
 pub struct KvCache {
@@ -283,8 +283,8 @@ impl KvCache {
 /// `n` zeros written into their pages now. `vec![0.0; n]` takes zeroed pages from the kernel
 /// lazily: the first prefill reads them (mapping the shared zero page) and then writes them,
 /// a second fault per page that also flushes the other cores' TLBs. On the 27B shape (150 MiB of
-/// recurrent state) those faults took about 4 % of the samples of a short run, in the
-/// prefill's state updates.
+/// recurrent state) those faults would cost about 4 % of a short run, in the prefill's state
+/// updates.
 fn written_zeros(n: usize) -> Vec<f32> {
     let mut v = Vec::with_capacity(n);
     v.resize(n, 0.0);

@@ -1,6 +1,6 @@
-//! Calibration rows: `SEQ`-token windows cut from text files, mixed by a spec like the seeds'
+//! Calibration rows: `SEQ`-token windows cut from text files, mixed by a spec like ANEMLL Forge's
 //! `CAL_MIX` (`file:rows,file:rows`). Files named relatively are looked up in the calibration
-//! directory (`../shared/data/calib` by default). The evaluation split is refused: a figure
+//! directory (the repository's `data/calib` by default). The evaluation split is refused: a figure
 //! measured on text that shaped the model is not a measurement.
 //!
 //! `ids=FILE` entries read token ids instead of text, in one of two layouts:
@@ -24,7 +24,7 @@ pub struct CalibConfig {
     pub holdout: usize,
 }
 
-/// The default calibration directory (`../shared/data/calib`).
+/// The default calibration directory (the repository's `data/calib`).
 pub fn calib_dir() -> Option<PathBuf> {
     crate::eval::find_data_dir().map(|d| d.join("calib"))
 }
@@ -51,7 +51,8 @@ fn resolve(file: &str) -> Result<PathBuf> {
     let p = if p.exists() {
         p.to_path_buf()
     } else {
-        let dir = calib_dir().context("cannot find ../shared/data/calib; give calibration files by path")?;
+        let dir =
+            calib_dir().context("cannot find data/calib (in the Forge repository); give calibration files by path")?;
         dir.join(file)
     };
     if !p.exists() {

@@ -1,4 +1,4 @@
-//! Self-generated chat calibration (the seeds' `qwen38_calib_gen.py`): the teacher answers a list
+//! Self-generated chat calibration (ANEMLL Forge's `qwen38_calib_gen.py`): the teacher answers a list
 //! of prompts through its own chat template, and each conversation — the templated prompt, the
 //! sampled answer and the stop token that closed it — becomes one calibration row of token ids,
 //! written as an `ids=` rows file (see [`crate::calib`]).

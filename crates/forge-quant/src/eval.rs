@@ -37,7 +37,7 @@ pub const TOOL_VERSION: &str = concat!("forge-quant ", env!("CARGO_PKG_VERSION")
 /// A named, fixed evaluation setup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
-    /// llama.cpp's `llama-perplexity -c 512 --chunks 20` as in `../shared/ANCHORS.md`.
+    /// llama.cpp's `llama-perplexity -c 512 --chunks 20` as in docs/evaluation.md.
     LlamaPerplexity,
 }
 
@@ -63,7 +63,7 @@ impl Protocol {
     pub fn score_from(self) -> usize {
         self.ctx() / 2
     }
-    /// Relative to the data directory (`../shared/data`).
+    /// Relative to the data directory (the repository's `data/`).
     pub fn text_spec(self) -> &'static str {
         "eval/prose.txt:81920,eval/code.txt:81920"
     }
@@ -150,9 +150,8 @@ impl EvalSetup {
         let data_dir = || -> Result<PathBuf> {
             match &a.data_dir {
                 Some(d) => Ok(d.clone()),
-                None => find_data_dir().context(
-                    "cannot find the data directory (../shared/data relative to the project root): pass --data-dir",
-                ),
+                None => find_data_dir()
+                    .context("cannot find the data directory (data/ in the Forge repository): pass --data-dir"),
             }
         };
         match a.protocol.as_deref().map(Protocol::parse).transpose()? {
@@ -204,13 +203,15 @@ impl EvalSetup {
     }
 }
 
-/// `../shared/data` relative to the project root, found from the current directory, the
-/// executable's location, or (last) the source tree this crate was built from.
+/// The repository's `data/` directory (calibration and evaluation text with their licence),
+/// found from the current directory, the executable's location, or (last) the source tree
+/// this crate was built from.
 pub fn find_data_dir() -> Option<PathBuf> {
     let probe = |start: &Path| -> Option<PathBuf> {
         start.ancestors().find_map(|a| {
-            let d = a.join("..").join("shared").join("data");
-            d.join("eval").is_dir().then(|| std::fs::canonicalize(&d).unwrap_or(d))
+            let d = a.join("data");
+            let ours = d.join("eval").join("prose.txt").is_file() && d.join("LICENSE-PSF.txt").is_file();
+            ours.then(|| std::fs::canonicalize(&d).unwrap_or(d))
         })
     };
     let cwd = std::env::current_dir().ok();

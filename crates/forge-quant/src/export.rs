@@ -1,4 +1,4 @@
-//! Writing exports in the seeds' layout (see docs/export.md): per-layer safetensors
+//! Writing exports in ANEMLL Forge's layout (see docs/export.md): per-layer safetensors
 //! (`layer_NN.safetensors` for the MLP, `layer_NN_mixer.safetensors` for the token mixer,
 //! `lm_head.safetensors`, `embed.safetensors` for an untied embedding) plus `forge.json`, which
 //! is written last: an export directory without it is incomplete.

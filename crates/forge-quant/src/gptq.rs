@@ -1,4 +1,4 @@
-//! GPTQ with the formats' LUT rounders (the seeds' `000_…` §4): columns in descending
+//! GPTQ with the formats' LUT rounders (the ANEMLL Forge quantization guide, §4): columns in descending
 //! `diag(H)` order, damping 1 % of the mean diagonal, blocks of 128, an FP64 Cholesky factor of
 //! `H⁻¹`, and error feedback inside and after each block. Vector groups (two output rows at one
 //! input column) are rounded jointly, so the column-wise feedback is the scalar one.

@@ -1,10 +1,10 @@
 //! Mixed-bit plans: which format (and which basis) each matrix gets.
 //!
-//! The seeds' plan JSON (`configs/quantization/*.json` upstream) is a flat object:
+//! ANEMLL Forge's plan JSON (`configs/quantization/*.json` upstream) is a flat object:
 //! `"<layer>.gate|up|down": "<format>"`, `"<layer>.mixer": "<format>"`,
 //! `"<layer>.basis": "online"|"plain"`, with `"bf16"` keeping a matrix. Defaults for the MLP,
 //! the token mixer, attention K/V projections and the head come from the command line (as the
-//! seeds' `FORMAT`, `MIXER`, `KV_FMT`, `HEAD`), or from the optional keys `"mlp"`, `"mixer"`,
+//! ANEMLL Forge's `FORMAT`, `MIXER`, `KV_FMT`, `HEAD`), or from the optional keys `"mlp"`, `"mixer"`,
 //! `"kv"`, `"head"` and `"basis"`/`"mixer_basis"` in the file. Forge also accepts per-matrix
 //! mixer keys (`"<layer>.q"`, `.k`, `.v`, `.o`, `.qkv`, `.z`, `.out`).
 
@@ -181,7 +181,7 @@ impl Plan {
                 if let Some(f) = get(r.short)? {
                     f
                 } else if matches!(r.short, "a" | "b") {
-                    // DeltaNet's tiny decay/β projections stay in floating point, as in the seeds.
+                    // DeltaNet's tiny decay/β projections stay in floating point, as in ANEMLL Forge.
                     Format::Bf16
                 } else if matches!(r.short, "k" | "v") {
                     self.kv
@@ -206,7 +206,7 @@ impl Plan {
         })
     }
 
-    /// Rotation seed of a matrix input, as in the seeds: 1000+layer (MLP gate/up input),
+    /// Rotation seed of a matrix input, as in ANEMLL Forge: 1000+layer (MLP gate/up input),
     /// 2000+layer (down input), 3000+layer (mixer inputs), 4000+layer (mixer output projection input).
     pub fn rotation_seed(name: &str) -> Result<u64> {
         let r = role_of(name)?;

@@ -1,5 +1,5 @@
 //! Tuned recipes behind `forge quantize --preset`. Each names a plan, rotations, GPTQ with
-//! calibration from ../shared/data/calib and low-rank corrections; docs/presets.md records why
+//! calibration from data/calib and low-rank corrections; docs/presets.md records why
 //! and what each measured.
 
 use crate::plan::Plan;

@@ -63,7 +63,7 @@ pub struct Options {
     pub stop_before_layer: Option<usize>,
     /// Calibration (GPTQ).
     pub calib: Option<CalibConfig>,
-    /// Weight codebook fits by `diag(H)` (the seeds' AW=1).
+    /// Weight codebook fits by `diag(H)` (ANEMLL Forge's AW=1).
     pub aw: bool,
     pub lowrank: Option<LowRankConfig>,
 }
@@ -500,7 +500,7 @@ pub fn quantize(o: &Options) -> Result<Value> {
         meta.insert("format".to_string(), mixer[0].q.format().long_name().to_string());
         meta.insert("kv_format".to_string(), o.plan.kv.long_name().to_string());
         write_file(&mixer_file, "mixer", &mixer, &meta)?;
-        // The seeds' file-level rotation metadata (per-matrix keys carry the same facts).
+        // ANEMLL Forge's file-level rotation metadata (per-matrix keys carry the same facts).
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), mlp[0].q.format().long_name().to_string());
         let rotated = mlp[0].rotation.is_some();

@@ -221,8 +221,8 @@ mod tests {
     }
 
     #[test]
-    fn gaussian_snr_matches_the_seeds() {
-        // Seeds (001_…, §2): LUT4 20.1 dB, vector 2x64 15.2, scalar 3-bit 14.5, vector 2x16 9.7,
+    fn gaussian_snr_matches_anemll_forge() {
+        // ANEMLL Forge research notes (§2): LUT4 20.1 dB, vector 2x64 15.2, scalar 3-bit 14.5, vector 2x16 9.7,
         // scalar 2-bit 9.3, on large i.i.d. Gaussian matrices (k-means, per-tensor LUT).
         let (cout, cin) = (1024, 1024);
         let w = gaussian(cout * cin, 11);
@@ -235,7 +235,7 @@ mod tests {
         ] {
             let q = quantize_rtn(&w, cout, cin, format, None, 0).unwrap();
             let snr = snr_db(&w, &q.reconstruct());
-            assert!((snr - want).abs() <= 0.3, "{}: {snr:.2} dB, seeds {want}", format.name());
+            assert!((snr - want).abs() <= 0.3, "{}: {snr:.2} dB, ANEMLL Forge {want}", format.name());
         }
     }
 

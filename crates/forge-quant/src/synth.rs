@@ -39,7 +39,7 @@ pub const SHAPES: [&str; 2] = ["qwen3.8-27b", "tiny"];
 pub const WARNING: &str = "SYNTHETIC RANDOM WEIGHTS: not a model (its outputs are meaningless); \
                            for speed and memory benchmarks only";
 
-/// The seeds' release 0.2 (`002_…`, "Release 0.2" table; `000_…` §8): rank-64 FP16 factors on
+/// ANEMLL Forge's release 0.2 (release notes, "Release 0.2" table; quantization guide §8): rank-64 FP16 factors on
 /// the token-mixer projections (DeltaNet qkv/z/out, attention q/k/v/o: the 208 matrices of the
 /// 27B), none on the MLP.
 pub const LOWRANK_RANK: usize = 64;
@@ -116,7 +116,7 @@ impl Shape {
 ///   rotary part; Gated DeltaNet 48 value / 16 query-key heads of dim 128: the Qwen3.6-27B model
 ///   card, "Model Overview" (huggingface.co/Qwen/Qwen3.6-27B; mirrored at
 ///   shilu.ai/articles/qwen-hf/qwen-qwen3.6-27b-fp8 and ai.gitcode.com/openharmony-models/
-///   Qwen3.6-27B-GGUF), and the seeds (`001_…` §1: 48 + 16 layers at 3, 7, …, 63, hidden 5120,
+///   Qwen3.6-27B-GGUF), and ANEMLL Forge's research notes (§1: 48 + 16 layers at 3, 7, …, 63, hidden 5120,
 ///   MLP 17408, 24 q / 4 kv heads, head_dim 256, vocab 248320, untied head; in_proj_qkv
 ///   10240×5120, in_proj_z 6144×5120, out_proj 5120×6144, which these head counts reproduce).
 /// - `rms_norm_eps` 1e-6, `partial_rotary_factor` 0.25, `rope_theta` 1e7, untied embeddings:
@@ -128,10 +128,10 @@ impl Shape {
 ///   `mrope_section` [11, 11, 10] interleaved, `mamba_ssm_dtype` float32, `mtp_num_hidden_layers`
 ///   1, the special token ids (eos 248044 in `text_config`, 248046 at the top, vision/image/video
 ///   248053/248054/248056/248057) and `vision_config`: a transcription of the 27B's
-///   `Qwen3_5Config` in public code (found by content in the code index; its repository is not
-///   recorded), which agrees with the sources above on every field they share; kernel 4 also in
+///   `Qwen3_5Config` in public code (its repository is not recorded), which agrees with the
+///   sources above on every field they share; kernel 4 also in
 ///   public Qwen3.8-27B metadata tests (`linear_conv_kernel_dim: 4`).
-/// - Not found: `bos_token_id` (null in that transcription, kept null) and the checkpoint's
+/// - Without a source: `bos_token_id` (null in that transcription, kept null) and the checkpoint's
 ///   `transformers_version` (the fixtures' 5.24.0 is written, the most plausible choice). The
 ///   real checkpoint also holds the vision tower and one MTP layer; Forge runs neither, so the
 ///   source checkpoint written here has no tensors for them.
@@ -157,7 +157,7 @@ fn qwen38_27b() -> Shape {
             "spatial_merge_size": 2, "temporal_patch_size": 2
         }),
     };
-    // Release 0.2 (seeds `002_…`): vector 2x16 token mixers in layers 0–23, LUT4 from 24 on.
+    // Release 0.2 (ANEMLL Forge release notes): vector 2x16 token mixers in layers 0–23, LUT4 from 24 on.
     Shape { name: "qwen3.8-27b", config: hf_config(&dims), mixer_lut4_from: 24 }
 }
 
@@ -256,8 +256,8 @@ fn hf_config(d: &Dims) -> Value {
     })
 }
 
-/// Release 0.2 (seeds `002_…`, "Release 0.2" table and notes): vector 2x64 for every MLP
-/// matrix; token mixers vector 2x16 before layer `mixer_lut4_from` (the seeds' 24 per-layer
+/// Release 0.2 (ANEMLL Forge release notes, "Release 0.2" table and notes): vector 2x64 for every MLP
+/// matrix; token mixers vector 2x16 before layer `mixer_lut4_from` (ANEMLL Forge's 24 per-layer
 /// `"<l>.mixer"` overrides) and LUT4 from there on, attention K/V INT8 per channel, DeltaNet's
 /// tiny `in_proj_a`/`in_proj_b` in BF16, a LUT4 head; online 1024-wide block-Hadamard rotations
 /// of the MLP inputs and of the mixer projections' inputs (DeltaNet qkv/z/out, attention
@@ -539,7 +539,7 @@ impl Summary {
     }
 
     /// Bits per weight of the linear layers and the head without the low-rank factors (the
-    /// seeds' "3.17 bits per weight" figure).
+    /// ANEMLL Forge's "3.17 bits per weight" figure).
     pub fn bits_per_weight_without_factors(&self) -> f64 {
         let n: usize = self.report.matrices.iter().map(|m| m.cout * m.cin).sum();
         (self.report.packed_bytes - self.lowrank_bytes()) as f64 * 8.0 / n.max(1) as f64
@@ -731,14 +731,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shapes_parse_and_match_the_seeds() {
+    fn shapes_parse_and_match_anemll_forge() {
         let s = Shape::get("qwen3.8-27b").unwrap();
         let c = s.model_config().unwrap();
         assert_eq!((c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size), (64, 5120, 17408, 248320));
         assert_eq!(c.layer_kinds.iter().filter(|k| **k == LayerKind::DeltaNet).count(), 48);
         assert!((0..64).all(|l| (c.layer_kinds[l] == LayerKind::Attention) == (l % 4 == 3)));
         let d = c.deltanet.as_ref().unwrap();
-        // The seeds' `001_…` §1 shapes.
+        // The shapes of ANEMLL Forge's research notes, §1.
         assert_eq!((d.conv_dim(), d.value_dim()), (10240, 6144));
         assert_eq!((c.q_proj_dim(), c.num_kv_heads * c.head_dim, c.rotary_dim), (12288, 1024, 64));
         assert!(!c.tie_embeddings);
@@ -748,7 +748,7 @@ mod tests {
         assert!(e.contains("qwen3-27b") && e.contains("qwen3.8-27b") && e.contains("tiny"), "{e}");
     }
 
-    /// The 27B plan's packed size is the seeds' "9.44 GiB (9.74 with the FP16 factors)".
+    /// The 27B plan's packed size is ANEMLL Forge's "9.44 GiB (9.74 with the FP16 factors)".
     #[test]
     fn plan_size_matches_release_02() {
         let s = Shape::get("qwen3.8-27b").unwrap();
@@ -766,7 +766,7 @@ mod tests {
             }
         }
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-        assert_eq!(lr_mats, 208, "the seeds' 208 factored mixer matrices");
+        assert_eq!(lr_mats, 208, "ANEMLL Forge's 208 factored mixer matrices");
         assert!((gib(bytes) - 9.44).abs() < 0.1, "{} GiB", gib(bytes));
         assert!((gib(bytes + lr) - 9.74).abs() < 0.1, "{} GiB", gib(bytes + lr));
         assert!((bytes as f64 * 8.0 / n as f64 - 3.17).abs() < 0.05);

@@ -1,5 +1,5 @@
 //! `forge eval` end to end on the real SmolLM2-135M-Instruct (tools/setup.sh fetches it), kept
-//! short for 2-core CI: three windows of 128 tokens from `../shared/data/eval/prose.txt`
+//! short for 2-core CI: three windows of 128 tokens from `data/eval/prose.txt`
 //! (evaluation only; nothing here tunes anything).
 //!
 //! Oracles: a model against its own reference (KL exactly 0, top-1 100 %); perplexity recomputed
@@ -21,7 +21,7 @@ const CHUNKS: usize = 3;
 const SCORE_FROM: usize = 64;
 
 fn data_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"))
 }
 
 fn teacher() -> &'static Loaded {
@@ -239,7 +239,7 @@ fn perturbed_teacher_has_positive_kl_bounded_by_full_kl() {
     for (p, (&c, &f)) in coarse.kl.iter().zip(&full.kl).enumerate() {
         assert!(c <= f + 1e-6, "position {p}: top-256+tail {c} > full {f}");
     }
-    // Measured: 0.92 (SmolLM2 leaves ~5 % of the mass outside its top 256 on this prose, and
+    // The ratio is about 0.92 (SmolLM2 leaves ~5 % of the mass outside its top 256 on this prose, and
     // the coarse KL misses how the candidate redistributes it).
     assert!(mf > 0.0 && mc > 0.85 * mf, "top-256+tail {mc} vs full {mf}");
     eprintln!("noisy q_proj: top-256+tail / full KL = {:.4}", mc / mf);

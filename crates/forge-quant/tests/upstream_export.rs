@@ -1,8 +1,8 @@
-//! Loading an export written by an independent Python script in the seeds' (upstream) layout.
+//! Loading an export written by an independent Python script in ANEMLL Forge's (upstream) layout.
 //!
 //! `tests/fixtures/qwen35_tiny_upstream_export/` comes from `tools/make_upstream_export.py` (NumPy only, none of
 //! Forge's code): the tiny hybrid `qwen35_tiny` with vector-2x16 MLPs under online block-Hadamard rotations described
-//! only by the seeds' file-level `basis`/`seed_in`/`seed_mid`/`block` metadata (no per-matrix rotation keys), LUT4
+//! only by ANEMLL Forge's file-level `basis`/`seed_in`/`seed_mid`/`block` metadata (no per-matrix rotation keys), LUT4
 //! token mixers, INT8 attention K/V, BF16 `in_proj_a`/`in_proj_b`, a LUT4 head and rank-4 `lr_a`/`lr_b` factors on
 //! two mixer matrices. The script's `logits.npy` is a float64 NumPy forward of the dequantized weights folded back
 //! to the original basis; Forge runs the same export with online rotations and LUT/INT8 kernels.

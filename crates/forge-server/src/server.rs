@@ -349,11 +349,14 @@ fn delta_json(d: &Delta) -> Json {
     }
 }
 
+/// One of OpenAI's values only: litellm (so Aider) fails on any other, and the AI SDK (so
+/// OpenCode) takes an unknown one for an unfinished turn and asks again. The loop guard's cut is
+/// `length` here; `/health`'s `last.finish` still says `repetition`.
 fn finish_reason(finish: Finish, tool_calls: bool) -> &'static str {
     match finish {
         Finish::Stop | Finish::Cancelled if tool_calls => "tool_calls",
         Finish::Stop | Finish::Cancelled => "stop",
-        f => f.as_str(),
+        Finish::Length | Finish::Repetition => "length",
     }
 }
 

@@ -119,12 +119,11 @@ pub fn set_prefill(p: Prefill) {
 
 /// Whether prefill takes the byte planes ([`prefill::gemm_many_int`]) here. Their three
 /// `vpdpbusd` per 64 weights give 21⅓ multiply-adds an instruction against an FMA's 16, and
-/// every core with these kernels measured so far issues `vpdpbusd` at its FMA rate (one core,
-/// G multiply-adds/s: Zen 4 235 against 64, the Xeons 474–482 against 131–132, `forge bench`),
-/// so auto takes them wherever the kernels run. It is decided from the CPU's features alone: a
-/// probe timed at start (taken while `vpdpbusd`'s rate over three beat 1.15× the FMA's, a 6 %
-/// margin on both) chose differently in two processes under load, and their logits differed in
-/// the seventh digit.
+/// the cores with these kernels (Zen 4, the Xeons) issue `vpdpbusd` at their FMA rate
+/// (`forge bench` reports both rates), so auto takes them wherever the kernels run. It is
+/// decided from the CPU's features alone, not by a probe timed at start: under load such a
+/// probe can choose differently from one process to the next, and the two paths' logits
+/// differ in the seventh digit, so results would depend on the machine's load.
 fn int_prefill() -> bool {
     if !avx512() {
         return false;
@@ -349,10 +348,10 @@ fn grouped_chunks(kind: Kind, six: bool, nchunks: usize) -> usize {
 /// - lut3: the same four six-bit slots, each holding two pairs (pair `k` at bits `3(k % 2)` of
 ///   slot `k / 2`; tables repeating every 8 entries, or each entry eight times, read them).
 ///
-/// Against the stream and nibble layouts before them (a `vpermb` spread and a `vpmultishiftqb`
-/// per pair, which on a Zen 4 takes a `vpdpbusd` slot; a broadcast and a shift per pair): one
-/// core, 256×5120 in L2, the two builds alternated three rounds (`kernel_ab`), lut3 1.38×,
-/// vec2x64 1.26×, lut4 1.24× (with four rows at a time), vec2x16 1.06×.
+/// The stream and nibble layouts need a `vpermb` spread and a `vpmultishiftqb` per pair (on a
+/// Zen 4 the shift takes a `vpdpbusd` slot), or a broadcast and a shift per pair. In L2, where
+/// instructions set the pace, the groups save enough of them to run up to 1.4× as fast (lut3
+/// most, vec2x16, with the least to extract, least).
 fn group_field(kind: Kind, c: usize, m: usize, j: usize) -> (usize, usize) {
     let (k, s) = (c % group_chunks(kind) / 2, c % 2);
     let b = 32 * (m / 16) + 16 * s + m % 16;
@@ -395,9 +394,9 @@ fn xpos(m: usize) -> usize {
 
 /// Activations quantized for the integer kernels: per block, `x ≈ s₁·q₁ + s₂·q₂` with 16-bit
 /// `q₁` and 7-bit `q₂` quantizing the residual `x − s₁·q₁`: `|x − x̂| ≤ max|x| / (65534 · 126)`,
-/// about 2⁻²³. (A 16-bit `q₂` cost two more `pmaddwd` and adds per 32 weights; the byte plane
-/// goes straight into `pmaddubsw` with the weight bytes: decode kernels 1.03–1.07× on one
-/// core, SmolLM2's logits still within 1e-4 of the f32 reference.)
+/// about 2⁻²³. (`q₂` is a byte plane, not a 16-bit one, because bytes go straight into
+/// `pmaddubsw` with the weight bytes, where a 16-bit plane costs two more `pmaddwd` and adds
+/// per 32 weights; SmolLM2's logits stay within 1e-4 of the f32 reference.)
 #[derive(Default)]
 pub struct QuantX {
     pub t: usize,
@@ -610,8 +609,8 @@ impl QuantX {
         let _ = simd;
         let (q, q2, scale, corr) = (&mut self.q, &mut self.q2, &mut self.scale, &mut self.corr);
         // Every code is written below (the zero ones too), so the kept buffers are only sized,
-        // not cleared: at decode sizes clearing them, and a zeroed residual buffer per call,
-        // were most of this function's time.
+        // not cleared: at decode sizes clearing them, or zeroing a residual buffer per call,
+        // would be most of this function's time.
         q.resize(t * cin_pad, 0);
         q2.resize(t * cin_pad, 0);
         self.resid.resize(XBLOCK, 0.0);
@@ -800,10 +799,9 @@ pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f
     // Tasks over the rows of all matrices, claimed one at a time in order and largest first
     // (guided scheduling): each worker's first task holds 70 % of its share of the work, the
     // next 20 %, the last 10 %, so a worker that runs ahead (the other started late, or a noisy
-    // neighbour slows it) takes the small ones and the two end close together. Against two equal
-    // tasks per worker this cut the caller's wait at the end of a SmolLM2 decode call from 3.1–3.8
-    // to 1.2–1.7 µs (2 threads), and decode ran 1.005–1.09× (four sets of 20–40 in-process
-    // pairs).
+    // neighbour slows it) takes the small ones and the two end close together. With two equal
+    // tasks per worker the caller waits at the end of each call for the slower worker's whole
+    // last half; with the small tasks last that wait is less than half as long.
     let mut bounds = TASK_STAGES.iter().flat_map(|&s| std::iter::repeat_n(s, threads)).scan(0usize, |c, s| {
         *c += s;
         Some(work * *c / (1000 * threads))
@@ -849,10 +847,10 @@ thread_local! {
 /// activation rows by four weight rows. The activations then need no quantizing at all.
 pub const GEMM_MIN_T: usize = 16;
 
-/// Whether `t` activation rows go through the f32 path ([`gemm_many`]). (The 512-bit integer
-/// block kernel, which takes any number of rows, ran at 0.8× the f32 tiles at T = 64 on
-/// SmolLM2's shapes: quantizing the rows and closing each block per row and output cost more
-/// than its byte products saved.)
+/// Whether `t` activation rows go through the f32 path ([`gemm_many`]). (Not the 512-bit
+/// integer block kernel, which takes any number of rows: at T = 64 on SmolLM2's shapes,
+/// quantizing the rows and closing each block per row and output cost more than its byte
+/// products save, about 0.8× the f32 tiles' speed.)
 pub fn f32_path(t: usize) -> bool {
     t >= GEMM_MIN_T
 }
@@ -890,17 +888,16 @@ pub fn gemm_many(simd: bool, ms: &[&DotMatrix], x: &[f32], t: usize, ys: &mut [&
 
 /// Tasks per worker in [`for_row_groups`]. Each task streams all activation rows past its
 /// weight rows whatever its size, so finer tasks cost nothing but a claim each, and they leave
-/// less of a tail when one core runs slower than the other (a noisy neighbour): SmolLM2's
-/// 64-token prefill, 2 threads, 40 alternated pairs: 8 ran 1.036× (median paired ratio) what
-/// 2 did, where the same runs with nothing changed differ by ±1.2 %. (Decode's tasks are
-/// another matter: 4–8 equal ones per worker instead of 2 ran 0.976×; [`matmul_many`] cuts
-/// three of falling size per worker instead.)
+/// less of a tail when one core runs slower than the other (a noisy neighbour): on SmolLM2's
+/// 64-token prefill, 8 a worker run about 3.5 % faster than 2. (Decode's tasks are another
+/// matter: more equal tasks per worker run slower there, so [`matmul_many`] cuts three of
+/// falling size per worker instead.)
 const GROUP_TASKS: usize = 8;
 
 /// Splits the rows of each matrix into groups of `rows(cin)` (whole row pairs) and calls
 /// `body(matrix, first row, row count, its first output column in ys, buffer)` for each: in
 /// parallel, about [`GROUP_TASKS`] tasks per worker, with the worker's kept buffer for the
-/// decoded weights, which the body grows to what it needs (a fresh one per task cost page
+/// decoded weights, which the body grows to what it needs (a fresh one per task costs page
 /// faults and zeroing).
 fn for_row_groups(
     ms: &[&DotMatrix],
@@ -971,7 +968,7 @@ fn gemm_cols(ms: &[&DotMatrix], xt: &[f32], tp: usize, t: usize, ys: &mut [&mut 
     use avx512::NJ;
     // Groups of 48 rows: whole tiles, and whole 16-row blocks of the transposed sums. Each
     // tile's rows are decoded just before it, into the same 6·cin values (decoding the whole
-    // group first, to be read back from L2, was 1–8 % slower).
+    // group first leaves it to be read back from L2, a few percent slower).
     for_row_groups(
         ms,
         ys,
@@ -1046,12 +1043,12 @@ impl DotLayout {
 /// Whether vec2x64 matrices pack to the six-bit stream layout here: each chunk's 32 indices as
 /// one little-endian stream of 6-bit fields (24 bytes), which AVX-512 VBMI spreads and extracts
 /// with one `vpermb` and one `vpmultishiftqb` per 64 indices, where the nibble layout (low four
-/// bits as nibbles, the top two bits in a byte per eight columns) took six instructions. AVX2
+/// bits as nibbles, the top two bits in a byte per eight columns) takes six instructions. AVX2
 /// and NEON, without a byte shift per lane, keep the nibble layout. The choice follows
 /// [`set_avx512`] at the time of packing; a six-bit matrix met later by other kernels goes
 /// through the scalar reference. lut3 follows the same choice with three-bit fields (12 bytes a
 /// chunk, as its other layout): one `vpermb`, one `vpmultishiftqb` and the lookup per 64
-/// indices, where the two-bit fields and the word of bit 2 took seven instructions. lut2 too:
+/// indices, where the two-bit fields and the word of bit 2 take seven instructions. lut2 too:
 /// its chunks in groups of eight, and lut4's, vec2x16's, lut3's and vec2x64's whole groups too
 /// ([`group_field`]).
 pub fn six_bit_layout() -> bool {
@@ -1648,19 +1645,15 @@ mod avx2 {
     /// Chunks per activation block.
     pub(super) const PER_BLOCK: usize = XBLOCK / CHUNK;
     /// How far ahead of the weight stream the decode kernels prefetch, bytes, and into which
-    /// cache. On matrices read from memory (17408×5120, copies cycled through 512 MiB, 2
-    /// threads, five alternated rounds; ninth session), 8 KiB read 1.16× (lut4), 1.13× (vec2x64),
-    /// 1.11× (INT8) and 1.03× (vec2x16) what 2 KiB did into L1, and 16 KiB was no better than 2.
-    /// Into L2 instead (the twenty-second session, a Zen 4, `kernel_ab … cold`, seven runs of 9
-    /// alternated rounds) the 512-bit kernels read 1.26–1.51× (lut4), 1.14–1.26× (vec2x16),
-    /// 1.16–1.31× (vec2x64) and 1.47–1.52× (INT8) of the L1 requests, INT8 at 29–32 GB/s: a
-    /// request into L1 holds one of its few miss buffers until the line arrives, so the
-    /// requests in flight, not the memory, set the pace. 16 KiB into L2 read 1.02–1.12× of
-    /// 8 KiB; 24 and 32 KiB matched 16, and adding an L1 request 1–2 KiB ahead was no better.
+    /// cache: 16 KiB ahead into L2. A request into L1 holds one of the core's few miss buffers
+    /// until the line arrives, so with L1 requests the requests in flight, not the memory, set
+    /// the pace; on a Zen 4 the 512-bit kernels read 1.15–1.5× as fast from memory with their
+    /// requests into L2. 8 KiB ahead is a little short; 24 or 32 KiB gain nothing, nor does an
+    /// extra request into L1 1–2 KiB ahead.
     pub(super) const PREFETCH: usize = 16384;
 
     /// How far ahead the AVX2 kernels of the vector kinds ask for weights, into L1 (see
-    /// `chunk_group`): the distance all decode kernels used until the L2 requests.
+    /// `chunk_group`: bound by their instructions, their loads would wait on L2).
     const PREFETCH_L1: usize = 8192;
 
     /// Asks for the weight line `PREFETCH` bytes past `p` to be brought into L2 (a hint: any
@@ -1692,10 +1685,10 @@ mod avx2 {
         macro_rules! go {
             ($k:expr, $decode:ident, $pass:ident, $block:ident) => {{
                 // The vector kinds too look weights up in registers per pass of four rows up
-                // to 8 rows (verify): against expanding blocks to 16 bits first, 1536×576 in
-                // L2 ran vec2x64 2.1× at 2–3 rows, 1.7× at 4, 1.07–1.2× at 6–8 (vec2x16
-                // 1.4–2.7×, 1.07× at 8), and 0.86–0.93× at 12–15. (Measured on AVX2 only: the
-                // AVX-512 builds keep the blocks.)
+                // to 8 rows: there expanding blocks to 16 bits first costs more than it saves
+                // (vec2x64 in L2 runs about twice as fast at 2–3 rows without it), while from
+                // 12 rows on the expanded blocks are faster. (This holds for the AVX2 builds;
+                // the AVX-512 builds keep the blocks.)
                 let in_registers = nw($k) == 1 || (a.t <= 8 && $k & X512 == 0);
                 match (a.t, a.planes, in_registers) {
                     (1, 2, _) => $decode::<$k, 2>(a),
@@ -2011,7 +2004,7 @@ mod avx2 {
     pub(super) unsafe fn quantize_chunk(v: &[f32], inv: f32, s: f32, out: &mut [i16], resid: &mut [f32]) {
         assert!(v.len() <= CHUNK && out.len() >= CHUNK && resid.len() >= v.len());
         // A whole chunk is read and its residuals written in place; only a last partial one
-        // goes through zero-padded copies (the two 128-byte `memcpy` calls per chunk were
+        // goes through zero-padded copies (two 128-byte `memcpy` calls per chunk would cost
         // 1 % of SmolLM2's decode time).
         let whole = v.len() == CHUNK;
         let mut buf = [0f32; CHUNK];
@@ -2234,7 +2227,7 @@ mod avx2 {
         if K & X512 != 0 {
             // The same four products per lane, summed exactly (no 16-bit step at all). Into
             // zero, not `acc`: the accumulator's chain stays one 1-cycle add per chunk instead
-            // of the multiply-add's latency (which halved lut4's speed when it carried `acc`).
+            // of the multiply-add's latency (carrying `acc` through it halves lut4's speed).
             let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256(x));
             return _mm256_add_epi32(acc, p);
         }
@@ -2332,8 +2325,8 @@ mod avx2 {
         let tb = tabs(K, a.tables, true);
         // One index row at a time. Several in flight would share the activation loads, but each
         // is its own stream of weight bytes and the hardware prefetchers fall behind: four lut4
-        // or INT8 rows of SmolLM2's 576-wide head ran at half the speed of one, and on
-        // 17408×5120 no row count beat one by more than this machine's run-to-run noise.
+        // or INT8 rows of SmolLM2's 576-wide head run at half the speed of one, and on large
+        // matrices no row count beats one by a measurable margin.
         let per = 8 / nw(K);
         let mut r = 0;
         while r + per <= a.n_rows {
@@ -2416,12 +2409,10 @@ mod avx2 {
     ) {
         let row = a.row.add(r * a.row_bytes);
         // Chunks in groups whose weights are all looked up before any is multiplied: the
-        // out-of-order core then overlaps one group's lookups with the previous one's products.
-        // Against one chunk per iteration (in L2, one thread, best of 30 alternated rounds,
-        // `kernel_ab`), groups of two ran vec2x64 1.05–1.15× and vec2x16 1.02–1.17×, groups of
-        // four lut4 1.01–1.15× and INT8 1.01–1.19×; SmolLM2's decode, 2 threads: vec2x64 1.09×,
-        // lut4 1.12×. Three for vec2x64 then ran 1.03–1.14× two (decode 1.06×); four did no
-        // better than two for vec2x64 and 0.90–0.99× for vec2x16, eight 0.89–1.04× four.
+        // out-of-order core then overlaps one group's lookups with the previous one's products,
+        // which makes SmolLM2's decode about 1.1× as fast as one chunk per iteration. The sizes
+        // are the largest that still pay: four for the one-output kinds (eight are no faster),
+        // three for vec2x64 at few rows, two for vec2x16 (four are slower).
         let mut i = 0;
         if nw(K) == 1 {
             while i + 4 <= n {
@@ -2429,7 +2420,7 @@ mod avx2 {
                 i += 4;
             }
         }
-        // (Three at up to two activation rows; with four rows, 0.92× two.)
+        // (Three at up to two activation rows; with four rows, three are slower than two.)
         if base(K) == VEC64 && T <= 2 {
             while i + 3 <= n {
                 chunk_group::<K, P, T, 3>(a, tb, row, t0, c0 + i, acc);
@@ -2458,10 +2449,10 @@ mod avx2 {
         acc: &mut [[[__m256i; 2]; 2]; T],
     ) {
         // One request per cache line of the group (INT8's four chunks span two). The kinds
-        // that read faster than they compute ask for L2 as the 512-bit kernels do (on the Zen 4
-        // with these AVX2 kernels, 17408×5120 from memory: INT8 1.22–1.26×, lut4 1.02–1.07×);
-        // vec2x16 and vec2x64, bound by their instructions here, lost 6–20 % that way, since
-        // their loads then wait on L2: they keep `PREFETCH_L1` into L1.
+        // that read faster than they compute (INT8, lut4) ask for L2 as the 512-bit kernels do,
+        // which keeps more requests in flight from memory; vec2x16 and vec2x64, bound by their
+        // instructions here, would then wait on L2 for their loads (6–20 % slower), so they
+        // keep `PREFETCH_L1` into L1.
         for line in (0..U * chunk_bytes(K)).step_by(64) {
             let p = row.wrapping_add(c * chunk_bytes(K) + line);
             if nw(K) == 1 {
@@ -2614,8 +2605,8 @@ mod avx512 {
     /// from `t` to the next multiple of 16): outer products, each weight broadcast against 64
     /// activation rows at once, so a step of `k` is 4 vector loads and 6 broadcasts for 24
     /// FMAs, with no horizontal sums, and the sums leave as whole vectors. (Two vectors by 12
-    /// weight rows, 14 loads per 24 FMAs, ran 1.2–1.45× slower on the Xeon; scattering the
-    /// sums straight into the `t × cout` output one value at a time cost 10–15 % of prefill.)
+    /// weight rows take 14 loads per 24 FMAs, and the loads then set the pace; scattering the
+    /// sums straight into the `t × cout` output one value at a time costs 10–15 % of prefill.)
     ///
     /// # Safety
     /// AVX-512 F and AVX2/FMA present; `xt` holds `cin·tp` values, `w` `n·cin`, `yt` `n·tp`.

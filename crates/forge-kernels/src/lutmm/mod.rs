@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 static FAST_PATH: AtomicBool = AtomicBool::new(true);
 
 /// Whether model code should use the packed/half kernels (default) or the reference
-/// decode-to-f32 path (`forge bench --reference`, for before/after comparisons).
+/// decode-to-f32 path (`forge bench --reference`, to compare the kernels against).
 pub fn fast_path() -> bool {
     FAST_PATH.load(Ordering::Relaxed)
 }

@@ -1,6 +1,6 @@
 //! Ablation selection: which linears of a quantized candidate keep their quantized weights
 //! (`--parts mlp,gdn,attn,head`, `--layers lo-hi`); every other linear runs the teacher's dense
-//! weights, so a KL figure can be attributed to a part of the model, as in the seeds' ablations.
+//! weights, so a KL figure can be attributed to a part of the model, as in ANEMLL Forge's ablations.
 
 use anyhow::{bail, Context, Result};
 use std::fmt;

@@ -199,7 +199,7 @@ impl DotMatrix {
 
 /// `panel[64·q + 4·j + i] = rows[j·cin_pad + 4q + i]` (bytes): the decoded rows regrouped by
 /// quad, a transpose of 32-bit words (16 rows × `cin_pad/4` quads; in 16×16 register blocks
-/// on AVX-512; a gather per quad took 3.1 % of a prefill profile where these take 0.7 %).
+/// on AVX-512, about a quarter of the time a gather per quad costs).
 fn to_panel(rows: &[f32], cin_pad: usize, panel: &mut [f32]) {
     let quads = cin_pad / 4;
     crate::transpose::transpose(rows, PANEL, quads, quads, panel, PANEL, false)

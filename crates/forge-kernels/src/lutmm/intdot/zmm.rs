@@ -11,7 +11,7 @@
 //! `h` fits): `vpdpbusd` multiplies the unsigned weight bytes by `h` and by `l`, four
 //! consecutive columns per 32-bit lane, and the lane sums combine as `256·Σh + Σl`, with no
 //! widening of the weights to 16 bits at all (3 multiply-adds per 64 weights and output for
-//! both planes, where widening took 2 unpacks, 2 `vpdpwssd` and a `vpdpbusd`). Every sum is
+//! both planes, where widening takes 2 unpacks, 2 `vpdpwssd` and a `vpdpbusd`). Every sum is
 //! exact in wrapping 32-bit arithmetic (the true lane sum of a block fits, see `XBLOCK`). In
 //! whole pairs the 16-bit plane's lanes are therefore `vpdpbusd`'s, not `pmaddwd`'s
 //! (`QuantX::lane1`); the scalar reference follows the same mapping and the same f32 steps, so
@@ -110,9 +110,8 @@ const MAX_GROUP: usize = 8;
 
 /// Pair `u` of lut2's group whose 64 bytes are `v`, as 64 unsigned weights in pair order:
 /// pairs 0–2 by tables that read their own two bits of each byte, pair 3 by the first table
-/// after a shift. Against four plain pairs (a `vpermb` spread, a shift and a lookup each;
-/// `kernel_ab`, rounds alternated), 1.21× on 256×5120 in L2 on one thread and 1.12–1.28× on
-/// 17408×5120 from memory on two.
+/// after a shift: one instruction a pair (two for pair 3) where a plain pair takes three (a
+/// `vpermb` spread, a shift and a lookup), about 1.2× as fast in L2 and from memory alike.
 #[inline(always)]
 unsafe fn quad_pair(v: __m512i, u: usize, tb: &Tabs512) -> __m512i {
     match u {
@@ -210,9 +209,8 @@ unsafe fn weights2<const K: u8>(p: *const u8, tb: &Tabs512) -> [__m512i; 2] {
             // 64-bit words of lanes 0 and 2 and B's to lanes 1 and 3, and shifting word `j`
             // right by `2·(j % 2)` (lanes 0, 1: columns 0–15) or `4 + 2·(j % 2)` (lanes 2, 3)
             // brings each column's field to bits 0–1 of its byte; `vpermb` reads no more of it
-            // (the tables repeat every four entries). Against two 8-byte broadcasts merged:
-            // 1.20× (lut3) and 1.25× (lut2) on 256×5120 in L2, one thread; 1.26× and 1.19× on
-            // 17408×5120 from memory, two threads (`kernel_ab`, rounds alternated).
+            // (the tables repeat every four entries). This runs about 1.2× as fast as two
+            // 8-byte broadcasts merged, in L2 and from memory alike.
             let v = _mm512_castsi256_si512(_mm256_loadu_si256(p as *const __m256i));
             let shifts = _mm512_setr_epi64(0, 2, 0, 2, 4, 6, 4, 6);
             let idx = _mm512_srlv_epi64(_mm512_permutexvar_epi8(field_spread::<K>(), v), shifts);
@@ -343,7 +341,7 @@ unsafe fn multishift_ctrl() -> __m512i {
 /// times signed bytes, four consecutive columns per lane): `acc[0] += Σ w·h` and
 /// `acc[1] += Σ w·l` for the 16-bit plane's bytes `q₁ = 256·h + l` at `xhl` (64 bytes each),
 /// `acc[2] += Σ w·q₂` at `x2`. Three instructions per 64 weights where widening to 16 bits
-/// took five.
+/// takes five.
 #[inline(always)]
 unsafe fn mac_pair<const P: usize>(acc: &mut [__m512i; 3], w: __m512i, xhl: *const i8, x2: *const __m512i) {
     acc[0] = _mm512_dpbusd_epi32(acc[0], w, _mm512_loadu_si512(xhl as *const _));
@@ -354,9 +352,8 @@ unsafe fn mac_pair<const P: usize>(acc: &mut [__m512i; 3], w: __m512i, xhl: *con
 }
 
 /// Prefetches the weights `PREFETCH` bytes past the `span` bytes at `p` into L2, one request
-/// per cache line. On cold 17408×5120 matrices, 2 threads, rounds alternated in one process:
-/// vec2x16 1.10×, vec2x64 1.04×, INT8 1.02×, lut4 0.97–1.02× the previous request per pair of
-/// chunks, which for lut4 and vec2x16 asked for each line twice.
+/// per cache line: a request per pair of chunks would ask for lut4's and vec2x16's lines
+/// twice, and the duplicates cost vec2x16 about a tenth of its speed from memory.
 #[inline(always)]
 unsafe fn prefetch_lines(p: *const u8, span: usize) {
     let mut o = 0;
@@ -379,18 +376,17 @@ unsafe fn prefetch_lines_ahead(p: *const u8, span: usize, ahead: usize) {
 /// Pair `u`'s share of the requests for a group's lines (at `offset` in each of the `R` rows,
 /// `ahead` bytes on): line `k` of the `R · lines` goes with pair `k mod pairs`, so they go out
 /// one or two between the pairs' multiply-adds instead of all at the group's start. On the
-/// 2-vCPU Xeon (17408×5120 from memory, two threads, `kernel_ab … cold`, variants alternated
-/// in one process, four runs of 7–11 rounds) vec2x64 read 1.07–1.08× as fast, lut3
-/// 1.04–1.15×, lut2 1.00–1.04×, vec2x16 1.01–1.03×, lut4 0.99–1.02×. A software request there
-/// holds one of the core's few line-fill buffers until memory answers, and a burst of them
-/// keeps the loads that would hit L2 waiting for one; the same requests all in one place per
-/// group (one linear stream over the rows, which lie together) read 0.92–0.96×.
+/// Xeon a software request holds one of the core's few line-fill buffers until memory
+/// answers, and a burst of them keeps the loads that would hit L2 waiting for one: spread out,
+/// the requests let vec2x64 and lut3 read up to 1.1× as fast from memory. The same requests
+/// all in one place per group (one linear stream over the rows, which lie together) read
+/// slower still.
 ///
 /// With `near` (tasks that come from memory, [`STREAMED`]) each line is also asked into L1
 /// [`NEAR`] bytes ahead, from L2 where the first request has brought it by then, so that the
-/// loads do not wait for a fill buffer themselves: on the Xeon from memory lut2 read
-/// 1.04–1.06×, vec2x16, lut3, lut4 1.01–1.02×, vec2x64 1.01× (three runs of 9–11 rounds); in
-/// L2 on one thread, where the lines are at hand, the extra requests cost 2–7 %.
+/// loads do not wait for a fill buffer themselves (worth a few percent from memory, lut2
+/// most); in L2, where the lines are at hand, the extra requests cost 2–7 %, so tasks in
+/// cache go without them.
 #[inline(always)]
 unsafe fn prefetch_spread<const K: u8, const R: usize>(
     rows: &[*const u8; R],
@@ -415,13 +411,11 @@ unsafe fn prefetch_spread<const K: u8, const R: usize>(
 /// whole groups later, about `PREFETCH` on. A stream's own `PREFETCH` bytes ahead lands in a
 /// row that another stream of the group is reading already once rows are longer than
 /// `PREFETCH / R`, and leaves the following group's last rows unasked for. Taken for groups of
-/// long rows where four rows go together (lut2, lut3, lut4) and for INT8: on 5120×17408 from
-/// memory, two Zen 4 threads, lut4 read 1.30–1.32×, lut3 1.17–1.18× and INT8 1.17× as fast
-/// (lut2, bound by its multiply-adds, 1.00×), on 17408×5120 and 5120×6144 the same
-/// (0.98–1.02×); on SmolLM2's short rows, where both land in the same rows, within 3 % either
-/// way. vec2x16's two rows read 0.91–0.94× with it, vec2x64's the same: not taken there
-/// (`FORMATS=… kernel_ab SHAPE 1 11 cold`, the choice on the experiment switch while
-/// measuring).
+/// long rows where four rows go together (lut2, lut3, lut4) and for INT8: on long rows read
+/// from memory lut4 reads up to 1.3× as fast with it, lut3 and INT8 somewhat less (lut2, bound
+/// by its multiply-adds, gains nothing); on shorter rows, where both distances land in the
+/// same rows, it makes no difference. The two-row vector kinds read about 0.9× as fast with
+/// it, so they keep their own `PREFETCH` ahead.
 #[inline(always)]
 fn group_ahead(row_bytes: usize, rows: usize) -> usize {
     let group = (row_bytes * rows).max(1);
@@ -510,12 +504,12 @@ unsafe fn row_lanes<const K: u8, const P: usize>(
 /// one row from each of `R` streams, [`decode_rows`]) over activation `blocks`, their lanes
 /// carried on from `lanes`, each pair's activations loaded once for all rows: over all blocks
 /// from zero lanes the same sums as `R` [`row_lanes`] (the integer sums are exact in any order,
-/// and the f32 steps are the same, block after block, however the blocks are split). Two rows, halving the activation loads and reading two weight streams at
-/// once, took decode 1.00–1.20× on 17408×5120 and 5120×17408 read from memory (the wide rows'
-/// activations outgrow L1) and 1.02–1.29× on SmolLM2's shapes in cache, 2 threads, rounds
-/// alternated in one process. Four rows at a time (lut4, INT8) was not faster; lut2, whose
-/// four-pair groups need the fewest instructions per weight, takes four: 1.07× two rows on
-/// 256×5120 in L2 on one thread, 1.03–1.08× on 17408×5120 from memory on two.
+/// and the f32 steps are the same, block after block, however the blocks are split). Two rows,
+/// halving the activation loads and reading two weight streams at once, make decode up to
+/// 1.2× as fast as one, from memory (where wide rows' activations outgrow L1) and on
+/// SmolLM2's shapes in cache alike. Four rows pay only where a kind's groups need few
+/// instructions per weight (lut2, lut3 and lut4 in their grouped layouts, see
+/// [`decode_rows`]); INT8 gains nothing from them.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows_lanes<const K: u8, const P: usize, const R: usize>(
@@ -628,10 +622,8 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
     let per = 8 / nw(K);
     let streamed = a.n_rows * a.row_bytes >= STREAMED;
     // lut3's four rows hold sixteen six-bit slots, more than the registers left beside their
-    // twelve accumulators, and yet read faster than two: in cache (1.14× on 256×5120, one
-    // thread), on long rows (1.15× on 5120×17408 from memory) and, as four streams, on short
-    // ones from memory (1.07× two streams on 17408×5120 and 1.05× on 6144×5120, two threads,
-    // `kernel_ab … cold`; with the rows of a group side by side two had read 1.13× four).
+    // twelve accumulators, and yet read 1.05–1.15× as fast as two: in cache, on long rows from
+    // memory and, as four streams, on short ones from memory.
     let four = matches!(K, LUT2S | LUT3S | LUT4S);
     let zero = [_mm256_setzero_ps(); 2];
     let mut r = 0;
@@ -652,13 +644,10 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
         // parts of the task, each part read front to back; the two-row kinds take two pairs of
         // streams block by block in turn. From memory the rows of a group side by side read as
         // one stream, and a core needs several far apart to draw the bandwidth (`forge bench`'s
-        // probe: one stream a core 22–24 GB/s on the Xeon, four 30–38). Xeon, two threads,
-        // `kernel_ab … cold`, rounds alternated in one process, against the rows side by side:
-        // on 17408×5120 lut2 1.20×, lut4 1.09×, lut3 1.08×; two streams vec2x16 1.08×, vec2x64
-        // 1.04×, INT8 1.00×, and four against two 1.03×, 1.03× and 1.01× (on 5120×17408 1.06×,
-        // 1.08×, 1.03×); the pairs a whole row each instead of block by block 0.90–0.98×.
-        // Eight streams (two groups of four) read 0.97–1.00× four. In L3 (49152×576, SmolLM2's
-        // head) every kind reads 1.02–1.14× as fast as with its rows side by side.
+        // probe: on the Xeon one stream a core draws about two thirds of what four do). So the
+        // streams read up to 1.2× as fast from memory as the rows side by side (lut2 most), and
+        // faster in L3 too (SmolLM2's head). The pairs go block by block because a
+        // whole row each at a time is slower; eight streams gain nothing over four.
         let part = a.n_rows / (per * 4) * per;
         for j in (0..part).step_by(per) {
             let mut lanes = [[[_mm256_setzero_ps(); 2]; 8]; 4];
@@ -669,8 +658,8 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
                         ls[i] = l;
                     }
                 } else if a.nblocks == 1 {
-                    // One block: the same reads, a pair after the other in lighter code (1.02–1.04×
-                    // in L3 on 49152×576).
+                    // One block: the same reads, a pair after the other in lighter code (a few
+                    // percent faster in L3 on SmolLM2's head).
                     let l0 = rows_lanes::<K, P, 2>(a, &tb, &tb256, j + i, part, streamed, 0..a.nblocks, [zero; 2]);
                     let l1 = rows_lanes::<K, P, 2>(
                         a,
@@ -704,8 +693,8 @@ pub(super) unsafe fn decode_rows<const K: u8, const P: usize>(a: &Args) {
         let mut lanes = [[_mm256_setzero_ps(); 2]; 8];
         if four {
             // lut2's, lut3's and lut4's groups take four rows at a time (the vector kinds' two,
-            // whose accumulators would not fit): lut3 1.11×, lut4 1.10–1.17× two rows on
-            // 256×5120 in L2 on one thread, lut4 1.02× on 17408×5120 from memory on two.
+            // whose accumulators would not fit): in cache about 1.1× as fast as two rows, and
+            // no slower from memory.
             for i in (0..per).step_by(4) {
                 lanes[i..i + 4].copy_from_slice(&rows_lanes::<K, P, 4>(
                     a,
