@@ -42,7 +42,7 @@ pub fn run(a: Args) -> Result<()> {
     let s = |p: &PathBuf| p.to_string_lossy().to_string();
     eprintln!(
         "forge demo: SmolLM2-135M-Instruct ({}) → preset {} → KL → chat\n\
-         (about 4 minutes on 2 cores, most of it quantizing; interrupted, it resumes where it stopped)",
+         (about 4–5 minutes on 2 cores, most of it quantizing; interrupted, it resumes where it stopped)",
         model.display(),
         a.preset
     );
