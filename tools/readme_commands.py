@@ -87,6 +87,11 @@ def main():
     env["PATH"] = os.path.join(ROOT, "target", "release") + os.pathsep + env["PATH"]
     for d in OUTPUTS:
         shutil.rmtree(os.path.join(ROOT, d), ignore_errors=True)
+    def untracked():
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True, text=True)
+        return set(r.stdout.splitlines()) if r.returncode == 0 else set()
+
+    before = untracked()
     background, passed, failed, skipped = [], 0, 0, 0
     pending_port = None
     try:
@@ -124,6 +129,11 @@ def main():
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+    # The README's commands write under out/ and models/ only (both ignored), never beside the code.
+    stray = sorted(untracked() - before)
+    if stray:
+        print("readme: the commands left files in the repository:\n  " + "\n  ".join(stray))
+        failed += 1
     print(f"readme: {passed} passed, {failed} failed, {skipped} skipped")
     sys.exit(1 if failed else 0)
 
