@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct BundleArgs {
-    /// The model: a Forge export (from `forge quantize`), a Hugging Face directory or a GGUF file.
+    /// The model: a Forge export (from `forge quantize`), a Hugging Face directory, a GGUF file or a
+    /// short name (smollm2).
     model: PathBuf,
     /// The bundle directory to create (must not exist).
     #[arg(long)]
@@ -43,7 +44,12 @@ pub struct VerifyArgs {
     json: bool,
 }
 
-pub fn run_bundle(a: BundleArgs) -> Result<()> {
+pub fn run_bundle(mut a: BundleArgs) -> Result<()> {
+    // Short names (smollm2) and bundles resolve as every --model does.
+    a.model = resolve(&a.model.to_string_lossy())?;
+    if let Some(d) = &a.draft {
+        a.draft = Some(resolve(&d.to_string_lossy())?);
+    }
     if a.out.exists() {
         bail!("{}: already exists; bundles are written to a new directory", a.out.display());
     }
@@ -90,6 +96,12 @@ pub fn run_bundle(a: BundleArgs) -> Result<()> {
         let bar = bytes_bar(total, "hashing");
         let entries = release::inventory(&stage, &files, &mut |n| bar.inc(n))?;
         bar.finish_and_clear();
+        let mut identity = identity;
+        checkpoint_hashes(&mut identity, "model", &entries);
+        let mut pairing = pairing;
+        if let Some(d) = pairing.get_mut("drafter") {
+            checkpoint_hashes(d, "drafter", &entries);
+        }
         let rel = Release {
             format: release::FORMAT.into(),
             forge_version: env!("CARGO_PKG_VERSION").into(),
@@ -156,17 +168,15 @@ fn place(model: &Path, dest: &Path, compiled: bool) -> Result<(String, Value)> {
         return Ok((role, identity));
     }
     if model.is_dir() {
-        let mut hashes = serde_json::Map::new();
         for f in release::list_files(model)? {
             copy(&model.join(&f), &dest.join(&f))?;
-            hashes.insert(f.clone(), Value::String(release::sha256_file(&dest.join(&f), &mut |_| {})?));
         }
-        return Ok((role, json!({"kind": "checkpoint", "sha256": hashes})));
+        // Its files' hashes come from the inventory (see `checkpoint_hashes`): hashed once.
+        return Ok((role, json!({"kind": "checkpoint"})));
     }
     let file = model.file_name().context("model path has no file name")?.to_string_lossy().into_owned();
     copy(model, &dest.join(&file))?;
-    let sha = release::sha256_file(&dest.join(&file), &mut |_| {})?;
-    Ok((format!("{role}/{file}"), json!({"kind": "checkpoint", "file": file, "sha256": sha})))
+    Ok((format!("{role}/{file}"), json!({"kind": "checkpoint", "file": file})))
 }
 
 /// What an export needs of its source: a GGUF whole (its tokenizer and template live in its
@@ -212,6 +222,20 @@ fn place_source(src: &Path, ex: &Export, dest: &Path) -> Result<String> {
         Ok(())
     })?;
     Ok("source".into())
+}
+
+/// A bundled checkpoint's identity takes its files' SHA-256 from the inventory (relative to
+/// its directory `role`), rather than hashing them a second time.
+fn checkpoint_hashes(identity: &mut Value, role: &str, entries: &[release::FileEntry]) {
+    if identity["kind"] != "checkpoint" {
+        return;
+    }
+    let prefix = format!("{role}/");
+    let hashes: serde_json::Map<String, Value> = entries
+        .iter()
+        .filter_map(|e| e.path.strip_prefix(&prefix).map(|p| (p.to_string(), Value::String(e.sha256.clone()))))
+        .collect();
+    identity["sha256"] = Value::Object(hashes);
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {
