@@ -42,7 +42,9 @@ fn logits_command_matches_transformers() {
         let (wshape, want) = forge_core::npy::read_npy(&dir.join("logits.npy")).unwrap();
         assert_eq!(shape, wshape);
         let e = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(e < 1e-3, "decode={decode}: {e}");
+        // f32 rounding in another order than transformers', a few times what it comes to on
+        // this fixture (the engine's own oracle test bounds it the same way).
+        assert!(e < 1.5e-4, "decode={decode}: {e}");
     }
 }
 

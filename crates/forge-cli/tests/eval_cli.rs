@@ -49,7 +49,10 @@ fn reference_then_kl_of_the_teacher_against_itself() {
     assert_eq!(s["top1_agreement"].as_f64(), Some(1.0));
     assert_eq!(s["kl_method"].as_str(), Some("top-32 + tail"));
     let (pc, pt) = (s["ppl_candidate"].as_f64().unwrap(), s["ppl_teacher"].as_f64().unwrap());
-    assert!((pc - pt).abs() < 1e-4 * pt, "{pc} vs {pt}");
+    // The same model and windows both ways: what differs is the rounding of the reference's
+    // stored log-probabilities against the ones computed now (a few times what it comes to).
+    const PPL_TOL: f64 = 2e-8;
+    assert!((pc - pt).abs() < PPL_TOL * pt, "{pc} vs {pt}");
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json).unwrap()).unwrap(), s);
     let (shape, kl) = forge_core::npy::read_npy(&npy).unwrap();
     assert_eq!((shape, kl.iter().all(|&x| x == 0.0)), (vec![94], true));
@@ -61,7 +64,7 @@ fn reference_then_kl_of_the_teacher_against_itself() {
     let (ok, out, err) = forge(&args);
     assert!(ok, "{err}");
     let p: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert!((p["ppl"].as_f64().unwrap() - pt).abs() < 1e-4 * pt);
+    assert!((p["ppl"].as_f64().unwrap() - pt).abs() < PPL_TOL * pt);
 
     let r = refdir.to_str().unwrap();
     expect_error(&["eval", "kl", "--ref", r, "--model", "smollm2", "--parts", "ffn"], &["unknown part 'ffn'"]);

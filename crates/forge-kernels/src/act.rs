@@ -245,6 +245,36 @@ mod tests {
         }
     }
 
+    /// Finite inputs at the edges of f32: SwiGLU (eight-wide and scalar) within a few ulps of
+    /// its f64 definition, and finite wherever that is; the softmax weights of scores whose
+    /// differences overflow f32 are 0 and 1, as in f64.
+    #[test]
+    fn activations_are_total_over_finite_inputs() {
+        let edges = [f32::MAX, 1e30, 1e10, 88.0, 1.0, 1e-30, 1e-40, f32::from_bits(1), 0.0];
+        // 18 values: two eight-wide steps and a scalar tail.
+        let g: Vec<f32> = edges.iter().flat_map(|&v| [v, -v]).collect();
+        for u in [1.0f32, 1e-30, 1e30] {
+            let up = vec![u; g.len()];
+            let mut y = g.clone();
+            swiglu(&mut y, &up);
+            for (&a, &x) in y.iter().zip(&g) {
+                let want = x as f64 / (1.0 + (-(x as f64)).exp()) * u as f64;
+                if want.abs() <= f32::MAX as f64 {
+                    // `silu(g)` rounds to the subnormal grid before it is multiplied by `u`, as
+                    // in transformers' f32.
+                    let tol = 4.0 * f32::EPSILON as f64 * want.abs() + f32::from_bits(1) as f64 * u.max(1.0) as f64;
+                    assert!(a.is_finite() && (a as f64 - want).abs() <= tol, "swiglu({x}, {u}) = {a}, want {want}");
+                }
+            }
+        }
+        let mut s = vec![f32::MAX, -f32::MAX, 0.0, f32::MAX, -1e-40];
+        let l = exp_shifted_sum(&mut s, f32::MAX);
+        assert_eq!((s, l), (vec![1.0, 0.0, 0.0, 1.0, 0.0], 2.0));
+        let mut p = vec![f32::MAX, -f32::MAX, 1e30, -1e-40];
+        softmax(&mut p);
+        assert_eq!(p, [1.0, 0.0, 0.0, 0.0]);
+    }
+
     #[test]
     fn swiglu_matches_the_scalar_formula() {
         let g: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) * 0.05).chain([f32::NAN, 90.0, -90.0]).collect();

@@ -199,6 +199,10 @@ impl<'a, K: KvElem, V: KvElem> History<'a, K, V> {
 /// history in L2, gains nothing from it, so [`attend_group`] does not ask.
 ///
 /// `scores` is scratch of at least `g · kv.n` floats, `stats` holds `2g`.
+///
+/// Finite inputs give finite outputs wherever the products `q·k` and the scores are finite and
+/// `n · max|v|` is (the values are summed before they are normalized): tiny and subnormal
+/// inputs included; any f16 or int8 cache.
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn attend_part<K: KvElem, V: KvElem>(
@@ -638,6 +642,55 @@ mod tests {
             &mut b,
         );
         assert!(a.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-4));
+    }
+
+    /// Inputs at the edges of f32 within the domain `attend_part` states: finite outputs within
+    /// rounding of the f64 definition, on the AVX2 path (head size a multiple of 8) and the
+    /// portable one (not), in one part and in several merged.
+    #[test]
+    fn attention_is_finite_at_the_edges_of_f32() {
+        for d in [64usize, 36] {
+            for n in [20usize, 100] {
+                let (bq, bk, bv) = (data(d, 3), data(n * d, 1), data(n * d, 2));
+                let times = |v: &[f32], s: f32| v.iter().map(|x| x * s).collect::<Vec<f32>>();
+                let mixed: Vec<f32> =
+                    bv.iter().enumerate().map(|(i, v)| v * 10f32.powi((i % 77) as i32 - 38)).collect();
+                // (name, q, keys, values)
+                let cases: Vec<(&str, [Vec<f32>; 3])> = vec![
+                    ("subnormal values", [bq.clone(), bk.clone(), times(&bv, 1e-40)]),
+                    ("tiny scores and values", [times(&bq, 1e-20), times(&bk, 1e-20), times(&bv, 1e-38)]),
+                    ("huge scores", [times(&bq, 1e15), times(&bk, 1e15), bv.clone()]),
+                    ("huge values", [bq.clone(), bk.clone(), times(&bv, f32::MAX / (4 * n) as f32)]),
+                    ("mixed values", [bq.clone(), bk.clone(), mixed]),
+                ];
+                for (name, [q, k, v]) in &cases {
+                    let scale = 0.125f32;
+                    let s: Vec<f64> = (0..n)
+                        .map(|j| {
+                            let dot: f64 =
+                                q.iter().zip(&k[j * d..(j + 1) * d]).map(|(&a, &b)| a as f64 * b as f64).sum();
+                            dot * scale as f64
+                        })
+                        .collect();
+                    let m = s.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+                    let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+                    let l: f64 = p.iter().sum();
+                    let mut sc = vec![0f32; n];
+                    let mut got = vec![f32::NAN; d];
+                    attend_group(q, d, hist(k, v, n, d, 0), scale, &mut sc, &mut got);
+                    for (c, &g) in got.iter().enumerate() {
+                        let want: f64 = (0..n).map(|j| p[j] / l * v[j * d + c] as f64).sum();
+                        let mag: f64 = (0..n).map(|j| p[j] / l * (v[j * d + c] as f64).abs()).sum();
+                        // f32 rounding of the weights and sums, and of subnormal products.
+                        let tol = 1e-5 * mag + n as f64 * f32::from_bits(1) as f64;
+                        assert!(
+                            g.is_finite() && (g as f64 - want).abs() <= tol,
+                            "{name} d={d} n={n} [{c}]: {g} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -260,6 +260,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn each_x86_kernel_equals_the_reference() {
+        crate::testutil::avx512f("the AVX-512 f16 tile kernel");
         for k in [1, 3, 64, 65] {
             let tile = f16_bits(&data(TILE * k, 21));
             let x = data(k, 22);

@@ -179,8 +179,12 @@ pub fn fwht(x: &mut [f32]) {
 
 /// In-place orthonormal FWHT: `x ← H x / √n`.
 pub fn fwht_normalized(x: &mut [f32]) {
+    check_len(x.len());
+    let k = headroom(x, x.len() as f32);
+    scale_pow2(x, -k);
     fwht(x);
     scale(x, 1.0 / (x.len() as f32).sqrt());
+    scale_pow2(x, k);
 }
 
 /// Block-diagonal FWHT: [`fwht`] on each consecutive `block` of `x` (`x.len() = n_blocks · block`).
@@ -191,8 +195,50 @@ pub fn fwht_blocks(x: &mut [f32], block: usize) {
 
 /// Block-diagonal orthonormal FWHT: each block ← `H x / √block`.
 pub fn fwht_blocks_normalized(x: &mut [f32], block: usize) {
+    check_blocks(x.len(), block);
+    let k = headroom(x, block as f32);
+    scale_pow2(x, -k);
     fwht_blocks(x, block);
     scale(x, 1.0 / (block as f32).sqrt());
+    scale_pow2(x, k);
+}
+
+/// Largest magnitude of `x` (NaN skipped), in eight lanes so that it vectorizes.
+fn absmax(x: &[f32]) -> f32 {
+    let mut m = [0f32; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            let a = c[k].abs();
+            m[k] = if a > m[k] { a } else { m[k] };
+        }
+    }
+    for &v in it.remainder() {
+        let a = v.abs();
+        m[0] = if a > m[0] { a } else { m[0] };
+    }
+    m.iter().fold(0f32, |a, &b| if b > a { b } else { a })
+}
+
+/// The exponent `k` to take out of `x` (as `x · 2⁻ᵏ`, [`scale_pow2`]) before butterflies whose
+/// sums grow a value up to `growth` times, so that none overflows where the normalized result
+/// would not: 0 wherever every `|x| ≤ f32::MAX / growth`, which is every ordinary input. Since
+/// the butterflies only add and subtract, the scaled transform is the unscaled one times `2⁻ᵏ`,
+/// exactly (but for values that leave the normal range), and so is the result once `2ᵏ` is put
+/// back.
+pub(crate) fn headroom(x: &[f32], growth: f32) -> i32 {
+    if absmax(x) > f32::MAX / growth {
+        growth.log2().ceil() as i32
+    } else {
+        0
+    }
+}
+
+/// `x ← x · 2ᵏ` for `|k| ≤ 126` (nothing for 0).
+pub(crate) fn scale_pow2(x: &mut [f32], k: i32) {
+    if k != 0 {
+        scale(x, f32::from_bits(((k + 127) as u32) << 23));
+    }
 }
 
 /// Rows below this many elements are not worth a rayon split.
@@ -319,6 +365,64 @@ mod tests {
         let mut ser = x0;
         ser.chunks_exact_mut(dim).for_each(|r| fwht_blocks_normalized(r, block));
         assert_eq!(par, ser);
+    }
+
+    /// Inputs whose butterfly sums leave f32 though the normalized transform does not, and
+    /// subnormal ones: within a few roundings of the f64 definition, on every path.
+    #[test]
+    fn normalized_transforms_are_total_over_finite_inputs() {
+        let mut checked = 0;
+        for n in [8usize, 64, 1024] {
+            let base = data(n, 40 + n as u32);
+            let cases: Vec<(&str, Vec<f32>)> = vec![
+                // All equal: the first sum is n times the value, the result √n times it.
+                ("constant near the limit", vec![f32::MAX / n as f32 * 4.0; n]),
+                ("huge", base.iter().map(|v| v * (f32::MAX / 8.0)).collect()),
+                ("subnormal", base.iter().map(|v| v * 1e-40).collect()),
+                ("mixed", base.iter().enumerate().map(|(i, v)| v * 10f32.powi((i % 77) as i32 - 38)).collect()),
+            ];
+            for (name, x) in &cases {
+                let want: Vec<f64> = (0..n)
+                    .map(|i| {
+                        let s: f64 = x.iter().enumerate().map(|(j, &v)| hadamard_entry(i, j) as f64 * v as f64).sum();
+                        s / (n as f64).sqrt()
+                    })
+                    .collect();
+                if want.iter().any(|v| v.abs() > f32::MAX as f64) {
+                    continue; // The result itself leaves f32.
+                }
+                checked += 1;
+                let l1: f64 = x.iter().map(|&v| v.abs() as f64).sum();
+                // A rounding per stage of sums of at most Σ|x|, one for the normalization, and
+                // one of a subnormal result.
+                let tol = (n.trailing_zeros() as f64 + 2.0) * f32::EPSILON as f64 * l1 / (n as f64).sqrt()
+                    + 2.0 * f32::from_bits(1) as f64;
+                let check = |what: &str, got: &[f32]| {
+                    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        assert!(g.is_finite() && (g as f64 - w).abs() <= tol, "{what} {name} n={n} [{i}]: {g} vs {w}");
+                    }
+                };
+                let mut a = x.clone();
+                fwht_normalized(&mut a);
+                check("fwht_normalized", &a);
+                let mut b = x.clone();
+                fwht_blocks_normalized(&mut b, n);
+                check("fwht_blocks_normalized", &b);
+                let mut r = x.clone();
+                fwht_rows(&mut r, n, n, true);
+                check("fwht_rows", &r);
+                // The portable butterflies on the same scaled input give the same bits.
+                let k = headroom(x, n as f32);
+                let mut p = x.clone();
+                scale_pow2(&mut p, -k);
+                fwht_portable(&mut p);
+                scale(&mut p, 1.0 / (n as f32).sqrt());
+                scale_pow2(&mut p, k);
+                assert_eq!(a, p, "{name} n={n}: dispatched and portable butterflies");
+            }
+        }
+        // All but the constant row of 8, whose result leaves f32.
+        assert_eq!(checked, 11);
     }
 
     #[test]

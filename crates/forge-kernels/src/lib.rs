@@ -34,4 +34,34 @@ pub(crate) mod testutil {
             })
             .collect()
     }
+
+    /// Whether this CPU runs the AVX-512 integer kernels (VNNI/VBMI). Where an x86-64 CPU does
+    /// not, a test that would have run them says so: CI's CPU may lack them, and a silent pass
+    /// would read as if they had been tested.
+    pub fn avx512_kernels(what: &str) -> bool {
+        let has = crate::simd::has_avx512_kernels();
+        if !has {
+            skipped(&format!("this CPU lacks AVX-512 VNNI/VBMI, {what} were not tested"));
+        }
+        has
+    }
+
+    /// The same for the kernels that need AVX-512 F alone.
+    pub fn avx512f(what: &str) -> bool {
+        let has = crate::simd::has_avx512f();
+        if !has {
+            skipped(&format!("this CPU lacks AVX-512 F, {what} were not tested"));
+        }
+        has
+    }
+
+    /// `skipped: {msg}` on the test's stderr, written to the handle itself, which the test
+    /// harness does not capture (it captures `eprintln!`), so that a passing run shows it. On
+    /// other architectures the x86 kernels do not exist, and nothing is said.
+    fn skipped(msg: &str) {
+        if cfg!(target_arch = "x86_64") {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: {msg}");
+        }
+    }
 }

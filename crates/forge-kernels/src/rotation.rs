@@ -14,7 +14,7 @@
 //!
 //! `M` is never materialised on the hot path: rows are rotated with the fast Walsh–Hadamard transform.
 
-use crate::fwht::{fwht_blocks, hadamard_entry};
+use crate::fwht::{fwht_blocks, hadamard_entry, headroom, scale_pow2};
 use anyhow::{bail, Result};
 
 use crate::numpy_rng::rotation_signs;
@@ -97,14 +97,22 @@ impl Rotation {
         }
     }
 
+    /// The signs and `1/√block` first, then the butterflies: a butterfly's larger output is
+    /// at least as large as both its inputs (`|p ± q|`), so no sum exceeds the largest result,
+    /// and nothing overflows that does not overflow in the result.
     fn forward_row(&self, row: &mut [f32]) {
         sign_scale(SignIo::InPlace(row), &self.sign_bits, self.norm);
         fwht_blocks(row, self.block);
     }
 
     fn inverse_row(&self, row: &mut [f32]) {
+        // The butterflies come first here, their sums up to `block` times the input, which
+        // `1/√block` then brings down: room is made where they could overflow.
+        let k = headroom(row, self.block as f32);
+        scale_pow2(row, -k);
         fwht_blocks(row, self.block);
         sign_scale(SignIo::InPlace(row), &self.sign_bits, self.norm);
+        scale_pow2(row, k);
     }
 
     /// `x ← x M` for `x` holding T rows of `dim` (the online activation rotation).
@@ -403,6 +411,57 @@ mod tests {
             r.unrotate_weight(&mut w, cout);
             let back = w.iter().zip(&w0).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(back < 1e-6, "dim {dim}: unrotate error {back}");
+        }
+    }
+
+    /// Rows at the edges of f32 (one whose inverse sums leave f32 though its result does not,
+    /// huge, subnormal and mixed magnitudes) through both directions: within a few roundings of
+    /// the dense f64 product, and the buffer form equal to the in-place one.
+    #[test]
+    fn rotations_are_total_over_finite_inputs() {
+        for (dim, seed) in [(576, 1003), (1024, 3001)] {
+            let r = Rotation::new(dim, seed);
+            let (b, dense) = (r.block, r.to_dense());
+            let base = data(dim, seed as u32);
+            // Constant within each block after the signs: the inverse's first sum is `block`
+            // times the value, its result `√block` times.
+            let constant: Vec<f32> = (0..dim).map(|i| f32::MAX / b as f32 * 4.0 * r.signs()[i]).collect();
+            let cases: Vec<(&str, Vec<f32>)> = vec![
+                ("constant near the limit", constant.iter().map(|v| v.abs()).collect()),
+                ("huge", base.iter().map(|v| v * (f32::MAX / 8.0)).collect()),
+                ("subnormal", base.iter().map(|v| v * 1e-40).collect()),
+                ("mixed", base.iter().enumerate().map(|(i, v)| v * 10f32.powi((i % 77) as i32 - 38)).collect()),
+            ];
+            for (name, x) in &cases {
+                let l1: f64 = x.iter().map(|&v| v.abs() as f64).sum();
+                // A rounding per stage of sums of at most Σ|x|·(1/√b), one for the scaling, and
+                // where values are subnormal one unit per scaled value summed (the forward
+                // direction scales before it sums).
+                let tol = (b.trailing_zeros() as f64 + 2.0) * f32::EPSILON as f64 * l1 / (b as f64).sqrt()
+                    + b as f64 * f32::from_bits(1) as f64;
+                let check = |what: &str, got: &[f32], want: &[f64]| {
+                    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                        assert!(
+                            g.is_finite() && (g as f64 - w).abs() <= tol,
+                            "{what} {name} dim {dim} [{i}]: {g} vs {w}"
+                        );
+                    }
+                };
+                let forward = matmul(x, &dense, 1, dim, dim);
+                if forward.iter().all(|v| v.abs() <= f32::MAX as f64) {
+                    let mut a = x.clone();
+                    r.apply_rows(&mut a);
+                    check("forward", &a, &forward);
+                    let mut into = vec![f32::NAN; dim];
+                    r.apply_rows_into(x, &mut into);
+                    assert_eq!(a, into, "{name} dim {dim}: into a buffer");
+                }
+                let inverse = matmul(x, &transpose(&dense, dim, dim), 1, dim, dim);
+                assert!(inverse.iter().all(|v| v.abs() <= f32::MAX as f64), "{name}: the test's result leaves f32");
+                let mut y = x.clone();
+                r.apply_inverse_rows(&mut y);
+                check("inverse", &y, &inverse);
+            }
         }
     }
 

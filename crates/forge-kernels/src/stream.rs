@@ -122,6 +122,7 @@ mod tests {
     /// overflow and on stream counts past the eight accumulators.
     #[test]
     fn stream_sums_equal_the_scalar_reference() {
+        crate::testutil::avx512f("the AVX-512 stream sums");
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
         let buf: Vec<u64> = (0..8 * 9 * 40 + 5)
             .map(|_| {

@@ -158,6 +158,7 @@ mod tests {
 
     #[test]
     fn simd_transpose_equals_scalar_on_ragged_shapes() {
+        crate::testutil::avx512f("the AVX-512 transpose (the only SIMD one)");
         for &(rows, cols) in &[(1usize, 1usize), (16, 16), (64, 576), (17, 33), (5, 70), (64, 18), (18, 64), (100, 31)]
         {
             for pad in [false, true] {

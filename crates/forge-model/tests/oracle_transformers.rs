@@ -24,14 +24,14 @@ fn argmax(x: &[f32]) -> usize {
     x.iter().enumerate().fold(0, |b, (i, &v)| if v > x[b] { i } else { b })
 }
 
-/// Max abs error, and every row's argmax identical.
-fn compare(name: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
+/// Max abs error, within `tol`, and every row's argmax identical.
+fn compare(name: &str, got: &[f32], want: &[f32], vocab: usize, tol: f32) -> f32 {
     assert_eq!(got.len(), want.len(), "{name}: logits size");
     let err = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     for (r, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
         assert_eq!(argmax(g), argmax(w), "{name}: argmax differs at row {r}");
     }
-    assert!(err < 1e-3, "{name}: max abs logit error {err}");
+    assert!(err < tol, "{name}: max abs logit error {err} (tolerance {tol})");
     err
 }
 
@@ -51,7 +51,10 @@ fn run_chunks(m: &Model, toks: &[u32], chunks: &[usize]) -> (Vec<f32>, Session) 
     (out, s)
 }
 
-fn check_model(name: &str, with_states: bool) {
+/// `tol` bounds each logit's distance from transformers' f32 logits, which differ from ours only
+/// by the order of f32 roundings: a few times what the model shows, whose size depends on its
+/// depth and logit scale. The states' bounds below are the same kind.
+fn check_model(name: &str, with_states: bool, tol: f32) {
     let dir = fixture(name);
     let loaded = load(&dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     let m = &loaded.model;
@@ -60,12 +63,12 @@ fn check_model(name: &str, with_states: bool) {
     assert_eq!(shape, vec![toks.len(), m.cfg.vocab_size]);
     let v = m.cfg.vocab_size;
     let (prefill, s) = run_chunks(m, &toks, &[toks.len()]);
-    let e1 = compare(&format!("{name} prefill"), &prefill, &want, v);
+    let e1 = compare(&format!("{name} prefill"), &prefill, &want, v, tol);
     let (decode, _) = run_chunks(m, &toks, &[1]);
-    let e2 = compare(&format!("{name} decode"), &decode, &want, v);
+    let e2 = compare(&format!("{name} decode"), &decode, &want, v, tol);
     // Prefill then decode, and verify-sized blocks (8) mixed with odd sizes.
     let (mixed, _) = run_chunks(m, &toks, &[37, 1, 8, 1, 1, 3]);
-    let e3 = compare(&format!("{name} mixed"), &mixed, &want, v);
+    let e3 = compare(&format!("{name} mixed"), &mixed, &want, v, tol);
     eprintln!("{name}: max abs logit error prefill {e1:.2e}, decode {e2:.2e}, mixed {e3:.2e}");
     if !with_states {
         return;
@@ -83,11 +86,11 @@ fn check_model(name: &str, with_states: bool) {
                         err = err.max((conv[ch * k + j] - d.conv[(j - 1) * cd + ch]).abs());
                     }
                 }
-                assert!(err < 1e-4, "{name} layer {i}: conv state error {err}");
+                assert!(err < 1e-5, "{name} layer {i}: conv state error {err}");
                 let (_, rec) = read_npy(&dir.join(format!("recurrent_state_{i}.npy"))).unwrap();
                 let err = rec.iter().zip(&d.rec).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                 assert_eq!(rec.len(), d.rec.len());
-                assert!(err < 1e-4, "{name} layer {i}: recurrent state error {err}");
+                assert!(err < 2e-6, "{name} layer {i}: recurrent state error {err}");
             }
             LayerState::Attn(c) => {
                 let (ks, kc) = read_npy(&dir.join(format!("k_cache_{i}.npy"))).unwrap();
@@ -104,7 +107,7 @@ fn check_model(name: &str, with_states: bool) {
                         }
                     }
                 }
-                assert!(err < 1e-4, "{name} layer {i}: kv cache error {err}");
+                assert!(err < 4e-5, "{name} layer {i}: kv cache error {err}");
             }
         }
     }
@@ -112,43 +115,43 @@ fn check_model(name: &str, with_states: bool) {
 
 #[test]
 fn qwen35_text_f32() {
-    check_model("qwen35_tiny", true);
+    check_model("qwen35_tiny", true, 1e-4);
 }
 
 #[test]
 fn qwen35_multimodal_sharded_bf16() {
-    check_model("qwen35_tiny_mm", true);
+    check_model("qwen35_tiny_mm", true, 1.5e-4);
 }
 
 #[test]
 fn llama() {
-    check_model("llama_tiny", false);
+    check_model("llama_tiny", false, 3e-5);
 }
 
 #[test]
 fn llama3_rope_scaling() {
-    check_model("llama3_tiny", false);
+    check_model("llama3_tiny", false, 2e-5);
 }
 
 #[test]
 fn qwen2_bias_tied() {
-    check_model("qwen2_tiny", false);
+    check_model("qwen2_tiny", false, 4e-5);
 }
 
 #[test]
 fn qwen3_qk_norm() {
-    check_model("qwen3_tiny", false);
+    check_model("qwen3_tiny", false, 3e-5);
 }
 
 #[test]
 fn hf_decode_path_agrees_with_prefill_fixture() {
     // transformers' own recurrent decode (logits_decode.npy) agrees with its chunked prefill; our
     // prefill must match both.
-    for name in ["qwen35_tiny", "qwen35_tiny_mm"] {
+    for (name, tol) in [("qwen35_tiny", 1e-4), ("qwen35_tiny_mm", 1.5e-4)] {
         let dir = fixture(name);
         let m = load(&dir).unwrap().model;
         let (_, want) = read_npy(&dir.join("logits_decode.npy")).unwrap();
         let (got, _) = run_chunks(&m, &tokens(&dir), &[70, 1]);
-        compare(name, &got, &want, m.cfg.vocab_size);
+        compare(name, &got, &want, m.cfg.vocab_size, tol);
     }
 }

@@ -85,8 +85,10 @@ fn logits_match_transformers_gguf_loader() {
     // Top-10 log-probs at every position.
     let max_lp_err = top10_logprob_error(o, &logits, v);
     eprintln!("SmolLM2 vs transformers: max abs logit error {max_err:.2e}, top-10 log-prob error {max_lp_err:.2e}");
-    assert!(max_err < 1e-3, "logit error {max_err}");
-    assert!(max_lp_err < 1e-3, "log-prob error {max_lp_err}");
+    // Both bound f32 rounding in another order than transformers' (the same Q4_1 weights, the
+    // same f32 math), a few times what it comes to on this model.
+    assert!(max_err < 4e-4, "logit error {max_err}");
+    assert!(max_lp_err < 3e-4, "log-prob error {max_lp_err}");
 }
 
 #[test]

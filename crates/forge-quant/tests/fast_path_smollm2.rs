@@ -50,6 +50,11 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
     // The prefill block must be long enough for the f32 path.
     assert!(toks.len() >= lutmm::intdot::GEMM_MIN_T + 5, "{} tokens", toks.len());
     let v = q.model.cfg.vocab_size;
+    // Bounds |Δlogit| between the packed kernels and the reference path: the activations'
+    // quantization (within ~2⁻²³ of each block's largest magnitude) and f32 rounding in another
+    // order, a few times what it comes to on any kernel path (the 512-bit decode's pair layout
+    // or the plain one, byte-plane prefill, f32 tiles 16 or 8 wide).
+    const TOL: f32 = 4e-4;
 
     lutmm::set_fast_path(false);
     let reference = q.model.forward(&mut q.model.new_session(), &toks, Logits::All).unwrap();
@@ -61,7 +66,7 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
         let want = &reference[i * v..(i + 1) * v];
         let e = row.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         worst = worst.max(e);
-        assert!(e < 1e-3, "token {i}: max |Δlogit| {e}");
+        assert!(e < TOL, "token {i}: max |Δlogit| {e}");
         assert_eq!(argmax(&row), argmax(want), "argmax at token {i}");
     }
     // A prefill block (T ≥ GEMM_MIN_T) and a verify-sized block (T = 5), through each prefill
@@ -75,7 +80,7 @@ fn quantized_smollm2_fast_path_equals_reference_path() {
         let tail = q.model.forward(&mut s, &toks[toks.len() - 5..], Logits::All).unwrap();
         let mut w = 0f32;
         for (i, (a, b)) in head.iter().chain(&tail).zip(&reference).enumerate() {
-            assert!((a - b).abs() < 1e-3, "{p:?} block forward, logit {i}: {a} vs {b}");
+            assert!((a - b).abs() < TOL, "{p:?} block forward, logit {i}: {a} vs {b}");
             w = w.max((a - b).abs());
         }
         block_worst.push((p, lutmm::intdot::prefill_isa(), w));

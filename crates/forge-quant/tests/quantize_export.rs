@@ -70,7 +70,10 @@ fn check_export(src: &str, plan: Plan, label: &str) {
     let a = q.model.forward(&mut q.model.new_session(), &toks, Logits::All).unwrap();
     let b = fake.model.forward(&mut fake.model.new_session(), &toks, Logits::All).unwrap();
     let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(err < 1e-3, "{label}: export runtime vs dense reconstruction: {err}");
+    // The same weights both ways: what remains is the kernels' activation quantization (the
+    // integer-dot formats) and f32 rounding in another order, a few times what it comes to on
+    // these fixtures in every format.
+    assert!(err < 1.2e-4, "{label}: export runtime vs dense reconstruction: {err}");
     // Token-by-token decode goes through the packed LUT/INT8 kernels: same logits, same argmax.
     let v = q.model.cfg.vocab_size;
     let mut s = q.model.new_session();
@@ -78,7 +81,7 @@ fn check_export(src: &str, plan: Plan, label: &str) {
         let row = q.model.forward(&mut s, &[tok], Logits::Last).unwrap();
         let want = &b[i * v..(i + 1) * v];
         let e = row.iter().zip(want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-        assert!(e < 1e-3, "{label}: decode step {i}: {e}");
+        assert!(e < 1e-4, "{label}: decode step {i}: {e}");
         assert_eq!(forge_model::sampling::argmax(&row), forge_model::sampling::argmax(want), "{label}: argmax at {i}");
     }
 }

@@ -100,7 +100,9 @@ fn upstream_python_export_gives_the_scripts_logits() {
 
     let (err, bad) = compare_logits(&dir);
     println!("upstream Python export: max abs logit error vs logits.npy {err:.3e}, argmax mismatches {bad}/80");
-    assert!(err < 1e-3, "max abs error {err}");
+    // f32 rounding in another order than the script's (the same weights and rotations), a few
+    // times what it comes to here.
+    assert!(err < 4e-5, "max abs error {err}");
     assert_eq!(bad, 0, "rows whose argmax differs");
 }
 

@@ -36,6 +36,10 @@ fn cold_split(model: &Model, toks: &[u32], at: &[usize]) -> Vec<f32> {
     l
 }
 
+/// Bounds a cached run against a cold one over the same tokens where the two cut the prompt into
+/// different blocks: f32 rounding in another order, a few times what it comes to on the fixtures.
+const SPLIT_TOL: f32 = 2e-5;
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
@@ -74,7 +78,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     let pa = prefill(&mut cache, &model, a, &[12, 24]);
     assert_eq!(pa.cached, 0);
     assert!(max_diff(&pa.logits, &cold_split(&model, a, &[12])) == 0.0);
-    assert!(max_diff(&pa.logits, &cold(&model, a)) < 1e-4);
+    assert!(max_diff(&pa.logits, &cold(&model, a)) < SPLIT_TOL);
     let a_full = generate_and_store(&mut cache, &model, a, pa, 4);
 
     // Request B continues A's conversation (prompt + generated + more): the final state is reused.
@@ -83,7 +87,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     let pb = prefill(&mut cache, &model, &b, &[]);
     assert_eq!(pb.cached, a_full.len());
     assert!(max_diff(&pb.logits, &cold_split(&model, &b, &[12, 24, 25, 26, 27, 28])) == 0.0);
-    assert!(max_diff(&pb.logits, &cold(&model, &b)) < 1e-4, "{}", max_diff(&pb.logits, &cold(&model, &b)));
+    assert!(max_diff(&pb.logits, &cold(&model, &b)) < SPLIT_TOL, "{}", max_diff(&pb.logits, &cold(&model, &b)));
     generate_and_store(&mut cache, &model, &b, pb, 2);
 
     // Request C shares only the system prompt: the snapshot at 12 is restored (no truncation is
@@ -93,7 +97,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     let pc = prefill(&mut cache, &model, &c, &[12]);
     assert_eq!(pc.cached, 12);
     assert!(max_diff(&pc.logits, &cold_split(&model, &c, &[12])) == 0.0);
-    assert!(max_diff(&pc.logits, &cold(&model, &c)) < 1e-4);
+    assert!(max_diff(&pc.logits, &cold(&model, &c)) < SPLIT_TOL);
 
     // Request D repeats A's prompt exactly: the snapshot at its end supplies the logits, no forward.
     let pd = prefill(&mut cache, &model, a, &[]);
@@ -110,7 +114,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     e.push(toks[60]);
     let pe = prefill(&mut cache, &model, &e, &[]);
     assert_eq!(pe.cached, 12, "only the snapshot at 12 is a usable prefix");
-    assert!(max_diff(&pe.logits, &cold(&model, &e)) < 1e-4);
+    assert!(max_diff(&pe.logits, &cold(&model, &e)) < SPLIT_TOL);
 }
 
 #[test]
@@ -125,7 +129,7 @@ fn cancelled_prefill_leaves_a_usable_cache() {
     assert!(matches!(r, PrefillResult::Cancelled));
     let p = prefill(&mut cache, &model, &toks[..40], &[]);
     assert!(p.cached >= 8);
-    assert!(max_diff(&p.logits, &cold(&model, &toks[..40])) < 1e-4);
+    assert!(max_diff(&p.logits, &cold(&model, &toks[..40])) < SPLIT_TOL);
 }
 
 #[test]
@@ -144,11 +148,11 @@ fn attention_only_model_truncates_to_the_common_prefix() {
     let pb = prefill(&mut cache, &model, &b, &[]);
     assert_eq!(pb.cached, 10);
     // Rows 0..10 were computed inside a 32-row block, so equal to tolerance (not bit for bit).
-    assert!(max_diff(&pb.logits, &cold(&model, &b)) < 1e-4);
+    assert!(max_diff(&pb.logits, &cold(&model, &b)) < SPLIT_TOL);
     // A is still there (it was cloned, not consumed): its prompt again reuses all but one token.
     let pa2 = prefill(&mut cache, &model, a, &[]);
     assert_eq!(pa2.cached, n - 1);
-    assert!(max_diff(&pa2.logits, &cold(&model, a)) < 1e-4);
+    assert!(max_diff(&pa2.logits, &cold(&model, a)) < SPLIT_TOL);
 }
 
 #[test]

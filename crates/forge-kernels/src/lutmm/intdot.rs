@@ -397,6 +397,12 @@ fn xpos(m: usize) -> usize {
 /// about 2⁻²³. (`q₂` is a byte plane, not a 16-bit one, because bytes go straight into
 /// `pmaddubsw` with the weight bytes, where a 16-bit plane costs two more `pmaddwd` and adds
 /// per 32 weights; SmolLM2's logits stay within 1e-4 of the f32 reference.)
+///
+/// Every finite input is quantized within that bound, whatever its magnitude: a row whose
+/// largest magnitude `M` lies outside `[2⁻⁶⁴, 2⁶⁴]` is quantized as `x · 2ᵉ` ([`QuantX::shift`]),
+/// and a block far below 1 (or below its row's `M`) from an exact power-of-two prescaled copy.
+/// Such a block's kept scales may be subnormal; their rounding adds at most `2⁻¹³⁴` (of
+/// `x · 2ᵉ`) to the bound, less than `2⁻⁷⁰ · M`.
 #[derive(Default)]
 pub struct QuantX {
     pub t: usize,
@@ -428,8 +434,18 @@ pub struct QuantX {
     /// accumulator lane ([`lane`] for `q₁`, [`lane2`] for `q₂`). The SIMD kernels multiply unsigned weights `w + 128` (a zero-extend
     /// instead of a sign-extend) and subtract this to recover `Σ w · q` exactly.
     pub corr: Vec<i32>,
+    /// Per row, the exponent `e` of the values the codes and scales describe, `x · 2ᵉ`: 0 unless
+    /// the row's largest magnitude lies outside `[2⁻⁶⁴, 2⁶⁴]`, where it is brought into `[1, 2)`
+    /// (see [`ROW_LO`]); [`matmul_many`] scales such a row's outputs back by `2⁻ᵉ`. Empty
+    /// means 0 for every row.
+    pub shift: Vec<i32>,
     /// One block's residuals `x − s₁·q₁` (a kept buffer).
     pub(crate) resid: Vec<f32>,
+    /// One block scaled by a power of two, for blocks too small or too large to scale directly
+    /// (a kept buffer, grown only when such a block occurs).
+    pub(crate) scaled: Vec<f32>,
+    /// One row's blocks: largest magnitude and whether all are finite (a kept buffer).
+    pub(crate) bmax: Vec<(f32, bool)>,
 }
 
 /// Accumulator lanes of the kernels: position `k` of a chunk's stored activations (see
@@ -462,6 +478,48 @@ pub(crate) fn reduce_lanes(l: &[f32; LANES]) -> f32 {
 fn round_small(v: f32) -> f32 {
     const M: f32 = 12_582_912.0;
     (v + M) - M
+}
+
+/// `⌊log₂ m⌋` of a positive finite `m`, subnormals included (from the bits, the same on every
+/// target).
+pub(crate) fn floor_log2(m: f32) -> i32 {
+    let b = m.to_bits() & 0x7fff_ffff;
+    match (b >> 23) as i32 {
+        0 => 31 - (b.leading_zeros() as i32) - 149,
+        e => e - 127,
+    }
+}
+
+/// `v · 2ᵏ` for any `k`, in steps that each fit an f32 exponent: exact wherever the result is a
+/// normal float (or zero), rounded once or twice where it is subnormal.
+pub(crate) fn mul_pow2(mut v: f32, mut k: i32) -> f32 {
+    while k != 0 {
+        let step = k.clamp(-126, 127);
+        v *= pow2(step);
+        k -= step;
+    }
+    v
+}
+
+/// Rows whose largest magnitude lies in `[ROW_LO, ROW_HI]` are quantized as they are; others as
+/// `x · 2ᵉ` with that magnitude brought into `[1, 2)`, their outputs scaled back by `2⁻ᵉ`
+/// ([`QuantX::shift`]). Within the range no block sum can overflow f32 (`|Σ w · x| ≤ 128 ·
+/// cin · 2⁶⁴`); below it a row's scales would be subnormal, and lose the precision its outputs
+/// can still carry.
+const ROW_LO: f32 = pow2(-64);
+const ROW_HI: f32 = pow2(64);
+/// Blocks whose largest magnitude (after the row's shift) is at least this take the direct
+/// path: both scales are normal floats and their inverses finite. Smaller ones are quantized
+/// from an exact power-of-two prescaled copy.
+const BLOCK_LO: f32 = pow2(-80);
+/// The second plane is skipped where the residuals all lie within this fraction of the block's
+/// largest magnitude (2⁻⁴⁰, far below the two planes' bound of ~2⁻²³), so that its scale stays
+/// a normal float with a finite inverse.
+const PLANE2_MIN: f32 = pow2(-40);
+
+/// `2ᵏ` for a normal exponent `k` (−126 to 127).
+const fn pow2(k: i32) -> f32 {
+    f32::from_bits(((k + 127) as u32) << 23)
 }
 
 /// Largest magnitude of `v`, and whether all values are finite; in 8 lanes so that it
@@ -558,7 +616,9 @@ impl QuantX {
         2 * self.q.capacity()
             + self.q2.capacity()
             + self.qhl.capacity()
-            + 4 * (self.scale.capacity() + self.corr.capacity())
+            + 4 * (self.scale.capacity() + self.corr.capacity() + self.shift.capacity())
+            + 4 * self.scaled.capacity()
+            + 8 * self.bmax.capacity()
     }
 
     /// Quantize into this value's buffers (no allocation once they are large enough).
@@ -617,6 +677,10 @@ impl QuantX {
         let resid = &mut self.resid[..];
         scale.clear();
         scale.resize(t * nblocks * 2, 0.0);
+        self.shift.clear();
+        self.shift.resize(t, 0);
+        self.bmax.resize(nblocks, (0.0, true));
+        let (shift, bmax, scaled) = (&mut self.shift, &mut self.bmax, &mut self.scaled);
         let chunk: fn(&[f32], f32, f32, &mut [i16], &mut [f32]) = {
             #[cfg(target_arch = "x86_64")]
             {
@@ -647,16 +711,25 @@ impl QuantX {
                 quantize_plane2
             }
         };
+        let xmax = if paired { XMAX_PAIRED } else { XMAX };
         for r in 0..t {
             let xr = &x[r * cin..(r + 1) * cin];
-            for b in 0..nblocks {
+            for (b, bm) in bmax.iter_mut().enumerate() {
+                let (j0, j1) = (b * XBLOCK, ((b + 1) * XBLOCK).min(cin));
+                *bm = absmax_finite(&xr[j0.min(j1)..j1]);
+            }
+            let (mrow, frow) = bmax.iter().fold((0f32, true), |(m, f), &(bm, bf)| (m.max(bm), f && bf));
+            // A row far from 1 is quantized as x·2ᵉ (see ROW_LO); a non-finite one is not, its
+            // NaN scale carries it.
+            let e = if !frow || mrow == 0.0 || (ROW_LO..=ROW_HI).contains(&mrow) { 0 } else { -floor_log2(mrow) };
+            shift[r] = e;
+            for (b, &(m, finite)) in bmax.iter().enumerate() {
                 // Columns j0..j1 of the input, j0..jp with the zero padding of the last chunk.
                 let (j0, j1, jp) = (b * XBLOCK, ((b + 1) * XBLOCK).min(cin), ((b + 1) * XBLOCK).min(cin_pad));
                 let (qb, q2b) =
                     (&mut q[r * cin_pad + j0..r * cin_pad + jp], &mut q2[r * cin_pad + j0..r * cin_pad + jp]);
                 let sc = &mut scale[(r * nblocks + b) * 2..][..2];
                 let xb = &xr[j0.min(j1)..j1];
-                let (m, finite) = absmax_finite(xb);
                 if m == 0.0 || !finite {
                     // A zero block; or a non-finite input, which the scale propagates as NaN.
                     sc[0] = if finite { 0.0 } else { f32::NAN };
@@ -664,22 +737,39 @@ impl QuantX {
                     q2b.fill(0);
                     continue;
                 }
-                let xmax = if paired { XMAX_PAIRED } else { XMAX };
-                let (s1, inv1) = (m / xmax, xmax / m);
+                // The values quantized, their largest magnitude, and the exponent `d` taking
+                // their scales to the row's values x·2ᵉ.
+                let (v, mv, d) = if e == 0 && m >= BLOCK_LO {
+                    (xb, m, 0)
+                } else {
+                    // The block as x·2ᵏ, its largest magnitude in [1, 2): exact, but for values
+                    // below 2⁻¹²⁶ of a huge block's largest, which may round.
+                    let k = -floor_log2(m);
+                    scaled.resize(XBLOCK, 0.0);
+                    for (o, &xv) in scaled.iter_mut().zip(xb) {
+                        *o = mul_pow2(xv, k);
+                    }
+                    (&scaled[..xb.len()], mul_pow2(m, k), e - k)
+                };
+                // The kept scale may round where it is subnormal (d < 0): the residuals are
+                // taken against the kept value (brought back to `v`'s scale exactly), so the
+                // second plane absorbs that rounding.
+                let s1 = mul_pow2(mv / xmax, d);
+                let (inv1, s1v) = (xmax / mv, mul_pow2(s1, -d));
                 // Blocks start on chunk boundaries (XBLOCK is a multiple of CHUNK); a last
                 // partial chunk is written whole, zero codes past the input.
-                for (c, xc) in xb.chunks(CHUNK).enumerate() {
-                    chunk(xc, inv1, s1, &mut qb[c * CHUNK..][..CHUNK], &mut resid[c * CHUNK..(c + 1) * CHUNK]);
+                for (c, xc) in v.chunks(CHUNK).enumerate() {
+                    chunk(xc, inv1, s1v, &mut qb[c * CHUNK..][..CHUNK], &mut resid[c * CHUNK..(c + 1) * CHUNK]);
                 }
                 sc[0] = s1;
                 let (m2, _) = if planes == 2 { absmax_finite(&resid[..xb.len()]) } else { (0.0, true) };
-                if m2 > 0.0 {
-                    let (s2, inv2) = (m2 / XMAX2, XMAX2 / m2);
-                    sc[1] = s2;
+                if m2 > mv * PLANE2_MIN {
+                    sc[1] = mul_pow2(m2 / XMAX2, d);
                     let (codes, pad) = q2b.split_at_mut(xb.len());
-                    plane2(&resid[..xb.len()], inv2, codes);
+                    plane2(&resid[..xb.len()], XMAX2 / m2, codes);
                     pad.fill(0);
                 } else {
+                    // No residual, or all of them far within the two planes' bound.
                     q2b.fill(0);
                 }
             }
@@ -783,6 +873,18 @@ pub fn matmul_many(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f
         assert_eq!(m.cin_pad, qx.cin_pad, "input width {} does not match the quantized activations", m.cin);
         assert_eq!(y.len(), qx.t * m.cout, "y has {} values, expected {}×{}", y.len(), qx.t, m.cout);
     }
+    matmul_rows(simd, ms, qx, ys);
+    // Rows quantized as x·2ᵉ (see `QuantX::shift`) give outputs 2ᵉ too large: exact to undo,
+    // but where the true output is subnormal.
+    for (t, &e) in qx.shift.iter().enumerate().filter(|&(_, &e)| e != 0) {
+        for (m, y) in ms.iter().zip(ys.iter_mut()) {
+            y[t * m.cout..(t + 1) * m.cout].iter_mut().for_each(|v| *v = mul_pow2(*v, -e));
+        }
+    }
+}
+
+/// [`matmul_many`]'s products of the codes and scales as they are.
+fn matmul_rows(simd: bool, ms: &[&DotMatrix], qx: &QuantX, ys: &mut [&mut [f32]]) {
     let simd = simd && crate::simd::has_int_simd();
     let mut outs = [OutPtr(std::ptr::null_mut()); super::MAX_SHARED];
     outs.iter_mut().zip(ys.iter_mut()).for_each(|(o, y)| *o = OutPtr(y.as_mut_ptr()));

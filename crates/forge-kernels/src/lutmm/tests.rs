@@ -280,6 +280,7 @@ fn integer_sums_are_exact_at_the_extremes() {
 #[test]
 fn second_plane_sums_are_exact_at_the_extremes() {
     let _switches = switches();
+    crate::testutil::avx512_kernels("the 512-bit decode kernels' pair layout at the extremes");
     // Whole blocks of the extreme weights against the extreme second-plane codes (±63), the
     // first plane zero: each `pmaddubsw` pair then adds 2 · 255 · 63, the most it is given, and
     // the result is known in closed form.
@@ -504,6 +505,7 @@ fn simd_decode_equals_scalar_decode() {
 #[test]
 fn simd_activation_quantization_equals_scalar() {
     let _switches = switches();
+    crate::testutil::avx512_kernels("the quantizer's pair layout for the 512-bit decode");
     use intdot::QuantX;
     let mut rng = Rng(29);
     for (t, cin) in [(1, 1), (1, 31), (2, 576), (3, 1536), (1, 2100), (2, 4200)] {
@@ -620,6 +622,7 @@ fn pair_layout_bytes_rebuild_the_codes() {
 #[test]
 fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
     let _switches = switches();
+    crate::testutil::avx512_kernels("the AVX-512 and 512-bit decode kernels (the AVX2 ones were)");
     // The AVX-512 variants (VNNI multiply-accumulates; for vec2x64 one `vpermi2b` per 64-entry
     // table) and the AVX2 kernels: both must give the scalar reference's bits for every format,
     // at decode (T = 1, one and two planes) and verify (T = 3 and 5) sizes, on ragged shapes
@@ -718,6 +721,7 @@ fn avx512_and_avx2_kernels_equal_the_scalar_reference() {
 #[test]
 fn tasks_from_memory_equal_the_scalar_reference() {
     let _switches = switches();
+    crate::testutil::avx512_kernels("the 512-bit decode's streamed tasks");
     // Tasks of 1 MiB and more read their rows as two or four streams from parts of the task
     // in the 512-bit decode, the rows left over side by side: every kind must give the
     // reference's bits at one thread (one task) and two (tasks of 70, 20 and 10 % of a share),
@@ -757,6 +761,7 @@ fn tasks_from_memory_equal_the_scalar_reference() {
 #[test]
 fn prefill_tiles_on_avx512_and_avx2_match_the_reference() {
     let _switches = switches();
+    crate::testutil::avx512f("the 16-wide prefill tiles (the 8-wide ones were)");
     // Prefill (T ≥ GEMM_MIN_T) decodes weights to f32 and runs FMA tiles, 16 wide where the
     // CPU has AVX-512 F and 8 wide on AVX2: both within f32 rounding of dequantize-then-matmul
     // on ragged shapes (tails of the 16- and 8-wide steps, partial tiles of rows and columns).
@@ -837,6 +842,7 @@ fn shared_calls_cut_into_guided_tasks_cover_every_row_once() {
 #[test]
 fn integer_prefill_equals_its_scalar_reference_and_dense() {
     let _switches = switches();
+    crate::testutil::avx512_kernels("the byte-plane prefill kernels (their scalar reference was)");
     // The byte-plane prefill: the AVX-512 kernels (where the CPU has them) give the scalar
     // reference's bits, and the reference is within the activations' three-plane bound of
     // dequantize-then-matmul. Ragged panels (outputs not a multiple of 16), ragged tiles of rows
@@ -909,6 +915,7 @@ fn integer_prefill_equals_its_scalar_reference_and_dense() {
 #[test]
 fn integer_prefill_planes_on_avx512_equal_the_scalar_code_and_rebuild_the_input() {
     let _switches = switches();
+    crate::testutil::avx512_kernels("the AVX-512 byte-plane quantizer (its scalar code was)");
     // The AVX-512 quantizer gives the scalar code's planes and blocks, and the planes rebuild
     // each value within its block's bound: |x − s₁·(256h + l) − s₂·q₂| ≤ max|x| / (32639 · 254),
     // half for the second plane's rounding and half for the f32 residual `x − s₁·q₁`. Widths with tails of the 16-wide
@@ -921,7 +928,8 @@ fn integer_prefill_planes_on_avx512_equal_the_scalar_code_and_rebuild_the_input(
         let mut x: Vec<f32> = (0..t * cin).map(|_| rng.f()).collect();
         x[0] = 300.0;
         x[cin..2 * cin].fill(0.0);
-        x[2 * cin..3 * cin].iter_mut().for_each(|v| *v *= 1e30);
+        // Huge, within the 2⁶⁴ (1.8e19) the planes take.
+        x[2 * cin..3 * cin].iter_mut().for_each(|v| *v *= 1e19);
         x[3 * cin..4 * cin].iter_mut().for_each(|v| *v *= 1e-25);
         let (mut a, mut b) = (PlaneX::default(), PlaneX::default());
         assert!(a.fill(false, &x, t, cin, cin_pad));
@@ -953,12 +961,243 @@ fn integer_prefill_planes_on_avx512_equal_the_scalar_code_and_rebuild_the_input(
                 }
             }
         }
-        // A non-finite value, or a block too small to scale, refuses the planes.
-        for bad in [f32::NAN, f32::INFINITY, 1e-36] {
+        // A non-finite value, or a block too small to scale or too large for f32 block sums,
+        // refuses the planes.
+        for bad in [f32::NAN, f32::INFINITY, 1e-36, 1e20] {
             let mut y = x.clone();
             y[cin..2 * cin].fill(0.0);
             y[cin + cin / 2] = bad;
             assert!(!a.fill(true, &y, t, cin, cin_pad) && !a.fill(false, &y, t, cin, cin_pad), "{bad}");
+        }
+    }
+}
+
+/// Finite activation rows at the edges of f32, each with the weights it is multiplied by: unit
+/// weights for small magnitudes, weights of about 2⁻²⁰ for large ones (so that the exact
+/// products stay within f32).
+fn extreme_rows(cin: usize, rng: &mut Rng) -> Vec<(&'static str, Vec<f32>, bool)> {
+    let scaled = |rng: &mut Rng, s: f32| (0..cin).map(|_| rng.f() * s).collect::<Vec<f32>>();
+    let lone = |v: f32| {
+        let mut r = vec![0f32; cin];
+        r[cin / 2] = v;
+        r
+    };
+    let mut rows = vec![
+        // Normal, but 1/scale overflows at ~1e-34.
+        ("tiny", scaled(rng, 1e-34), false),
+        ("tinier", scaled(rng, 1e-37), false),
+        ("subnormal", scaled(rng, 1e-40), false),
+        ("smallest subnormal", lone(-f32::from_bits(1)), false),
+        ("one-hot", lone(1.0), false),
+        (
+            "outlier over tiny values",
+            scaled(rng, 1e-30).into_iter().enumerate().map(|(j, v)| if j == 3 { 1.0 } else { v }).collect(),
+            false,
+        ),
+        ("huge", scaled(rng, 1e38), true),
+        (
+            "f32::MAX",
+            scaled(rng, 1.0).into_iter().enumerate().map(|(j, v)| if j == 1 { f32::MAX } else { v }).collect(),
+            true,
+        ),
+        // Every magnitude from 1e-45 to 1e38 side by side.
+        ("mixed", (0..cin).map(|j| rng.f() * 10f32.powi((j % 84) as i32 - 45)).collect(), true),
+    ];
+    if cin > intdot::XBLOCK {
+        let b = intdot::XBLOCK;
+        let blocks =
+            |rng: &mut Rng, s0: f32, s1: f32| (0..cin).map(|j| rng.f() * if j < b { s0 } else { s1 }).collect();
+        rows.push(("unit block, subnormal block", blocks(rng, 1.0, 1e-42), false));
+        rows.push(("tiny block, unit block", blocks(rng, 1e-30, 1.0), false));
+        rows.push(("huge block, tiny block", blocks(rng, 1e37, 1e-37), true));
+    }
+    rows
+}
+
+/// `y` against `x Wᵀ` in f64: within the activations' bound per input (`m_b / (65278 · 126)`
+/// for two planes, `m_b / 65278` for one, `m_b` the block's largest magnitude; the pair
+/// layout's code range, which covers the plain one's), `2⁻⁷⁰` of the row's largest magnitude
+/// (subnormal scales of blocks far below it), f32 rounding of the sums, and `ulps` units of the
+/// smallest subnormal (the rounding of subnormal results: a few for an output, one per product
+/// for f32 products of subnormal inputs).
+#[allow(clippy::too_many_arguments)]
+fn check_extreme(
+    label: &str,
+    y: &[f32],
+    x: &[f32],
+    w: &[f32],
+    (t, cout, cin): (usize, usize, usize),
+    planes: usize,
+    ulps: f64,
+) {
+    let per = if planes == 2 { 65278.0 * 126.0 } else { 65278.0 };
+    for tt in 0..t {
+        let xr = &x[tt * cin..(tt + 1) * cin];
+        let bmax: Vec<f64> =
+            xr.chunks(intdot::XBLOCK).map(|b| b.iter().fold(0f64, |a, v| a.max(v.abs() as f64))).collect();
+        let row_max = bmax.iter().fold(0f64, |a, &v| a.max(v));
+        for o in 0..cout {
+            let wr = &w[o * cin..(o + 1) * cin];
+            let (mut exact, mut l1, mut tol) = (0f64, 0f64, 0f64);
+            for (j, (&a, &b)) in xr.iter().zip(wr).enumerate() {
+                let (a, b) = (a as f64, b as f64);
+                exact += a * b;
+                l1 += (a * b).abs();
+                tol += b.abs() * (bmax[j / intdot::XBLOCK] / per * 1.01 + row_max * 2f64.powi(-70));
+            }
+            assert!(exact.abs() < f32::MAX as f64 / 2.0, "{label}: the test's product leaves f32");
+            let tol = tol + 1e-6 * (l1 + exact.abs()) + ulps * f32::from_bits(1) as f64;
+            let v = y[tt * cout + o];
+            assert!(
+                v.is_finite() && (v as f64 - exact).abs() <= tol,
+                "{label} t={tt} o={o}: {v} vs {exact} (tol {tol})"
+            );
+        }
+    }
+}
+
+/// Packs a matrix under the AVX-512 setting of the moment.
+type Packer = Box<dyn Fn() -> PackedMatrix>;
+
+/// A random integer-dot matrix of `format` (int8 included), and the same with its row scales
+/// times 2⁻²⁰: each as a packer and its dense weights.
+fn unit_and_small(format: Format, cout: usize, cin: usize, rng: &mut Rng) -> [(Packer, Vec<f32>); 2] {
+    let small = |s: &[f32]| s.iter().map(|v| v / 1048576.0).collect::<Vec<f32>>();
+    if format == Format::Int8 {
+        let m = random_int8(cout, cin, rng);
+        let s = Int8Matrix { scale: small(&m.scale), ..m.clone() };
+        let (wm, ws) = (m.reconstruct(), s.reconstruct());
+        [(Box::new(move || PackedMatrix::from_int8(&m)), wm), (Box::new(move || PackedMatrix::from_int8(&s)), ws)]
+    } else {
+        let m = random_lut_int(format, cout, cin, rng);
+        let s = LutMatrix { scale: small(&m.scale), ..m.clone() };
+        let (wm, ws) = (m.reconstruct(), s.reconstruct());
+        [(Box::new(move || PackedMatrix::from_lut(&m)), wm), (Box::new(move || PackedMatrix::from_lut(&s)), ws)]
+    }
+}
+
+#[test]
+fn decode_kernels_are_total_over_finite_inputs() {
+    let _switches = switches();
+    crate::testutil::avx512_kernels("the AVX-512 and 512-bit decode kernels on extreme inputs");
+    // Tiny, subnormal, huge and mixed activations through every integer-dot decode path: the
+    // portable quantizer and the AVX2 one give the same codes and scales; the scalar reference
+    // is finite and within the activations' bound of the f64 product; the AVX2, AVX-512 and
+    // 512-bit (pair layout) kernels give the reference's bits; one row (decode) and several
+    // (verify), through `matmul_many` and the public entry.
+    use intdot::{matmul_many, set_avx512, set_wide, QuantX};
+    let mut rng = Rng(53);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let layout =
+        |q: &QuantX| (q.q.clone(), q.q2.clone(), q.qhl.clone(), bits(&q.scale), q.corr.clone(), q.shift.clone());
+    let mut shifted = 0;
+    for format in [Format::Lut4, Format::Lut3, Format::Lut2, Format::Vec2x16, Format::Vec2x64, Format::Int8] {
+        for &(cout, cin) in &[(20, 77), (18, intdot::XBLOCK + 40)] {
+            let mats = unit_and_small(format, cout, cin, &mut rng);
+            let rows = extreme_rows(cin, &mut rng);
+            for (wi, (packer, w)) in mats.iter().enumerate() {
+                // Packed with the AVX-512 kernels off, then on (vec2x64 and lut3 differ).
+                let packs: Vec<PackedMatrix> = [false, true]
+                    .into_iter()
+                    .map(|avx512| {
+                        set_avx512(avx512);
+                        let p = packer();
+                        set_avx512(true);
+                        p
+                    })
+                    .collect();
+                let group: Vec<&(&str, Vec<f32>, bool)> = rows.iter().filter(|r| r.2 == (wi == 1)).collect();
+                // Each row alone, then all of them as one call.
+                let mut inputs: Vec<(String, Vec<f32>, usize)> =
+                    group.iter().map(|r| (r.0.to_string(), r.1.clone(), 1)).collect();
+                inputs.push(("all".into(), group.iter().flat_map(|r| r.1.iter().copied()).collect(), group.len()));
+                for (name, x, t) in &inputs {
+                    let t = *t;
+                    for planes in [1, 2] {
+                        let label = format!("{format:?} {cout}x{cin} {name} planes={planes}");
+                        let qx = QuantX::with_planes_scalar(x, t, cin, planes);
+                        shifted += qx.shift.iter().filter(|&&e| e != 0).count();
+                        set_wide(false);
+                        let simd_q = QuantX::with_planes(x, t, cin, planes);
+                        set_wide(true);
+                        assert!(layout(&simd_q) == layout(&qx), "{label}: the AVX2 quantizer");
+                        let mut want = vec![f32::NAN; t * cout];
+                        matmul_many(false, &[packs[0].as_dot().unwrap()], &qx, &mut [&mut want]);
+                        check_extreme(&label, &want, x, w, (t, cout, cin), planes, 4.0);
+                        for (avx512, p) in [false, true].into_iter().zip(&packs) {
+                            let d = p.as_dot().unwrap();
+                            let mut r = vec![f32::NAN; t * cout];
+                            matmul_many(false, &[d], &qx, &mut [&mut r]);
+                            assert_eq!(bits(&r), bits(&want), "{label}: the reference on the AVX-512 layout");
+                            set_avx512(avx512);
+                            let mut y = vec![f32::NAN; t * cout];
+                            matmul_many(true, &[d], &qx, &mut [&mut y]);
+                            set_avx512(true);
+                            assert_eq!(bits(&y), bits(&want), "{label}: avx512={avx512}");
+                        }
+                        if intdot::paired_kernels() {
+                            let qp = QuantX::paired(x, t, cin, planes);
+                            assert!(layout(&QuantX::with_planes(x, t, cin, planes)) == layout(&qp), "{label}: paired");
+                            for d in packs.iter().map(|p| p.as_dot().unwrap()) {
+                                let (mut r, mut y) = (vec![f32::NAN; t * cout], vec![f32::NAN; t * cout]);
+                                matmul_many(false, &[d], &qp, &mut [&mut r]);
+                                matmul_many(true, &[d], &qp, &mut [&mut y]);
+                                assert_eq!(bits(&y), bits(&r), "{label}: the 512-bit kernels");
+                                check_extreme(&format!("{label} paired"), &r, x, w, (t, cout, cin), planes, 4.0);
+                            }
+                        }
+                    }
+                    // The public entry: the process-wide planes and layout, kept buffers.
+                    for backend in [Backend::Scalar, Backend::best()] {
+                        let mut y = vec![f32::NAN; t * cout];
+                        packs[1].matmul_with(backend, x, t, &mut y);
+                        let label = format!("{format:?} {cout}x{cin} {name} {backend:?}");
+                        // From GEMM_MIN_T rows on, the f32 path.
+                        let ulps = if t < intdot::GEMM_MIN_T { 4.0 } else { cin as f64 };
+                        check_extreme(&label, &y, x, w, (t, cout, cin), 2, ulps);
+                    }
+                }
+            }
+        }
+    }
+    assert!(shifted > 0, "no row was shifted");
+}
+
+#[test]
+fn prefill_is_total_over_finite_inputs() {
+    let _switches = switches();
+    crate::testutil::avx512_kernels("the byte-plane prefill on extreme inputs");
+    // The same extreme rows through prefill (T ≥ GEMM_MIN_T): the byte planes refuse blocks they
+    // cannot scale and the f32 tiles take them; every setting (byte planes, f32 tiles 16 and 8
+    // wide, the portable decode) is finite and within the bound of the f64 product.
+    use intdot::{gemm_many, set_avx512, set_prefill, Prefill, GEMM_MIN_T};
+    let mut rng = Rng(59);
+    for format in [Format::Lut4, Format::Lut3, Format::Vec2x64, Format::Int8] {
+        for &(cout, cin) in &[(20, 77), (18, intdot::XBLOCK + 40)] {
+            let mats = unit_and_small(format, cout, cin, &mut rng);
+            let rows = extreme_rows(cin, &mut rng);
+            for (wi, (packer, w)) in mats.iter().enumerate() {
+                let group: Vec<&Vec<f32>> = rows.iter().filter(|r| r.2 == (wi == 1)).map(|r| &r.1).collect();
+                let t = GEMM_MIN_T + 1;
+                let x: Vec<f32> = (0..t).flat_map(|r| group[r % group.len()].iter().copied()).collect();
+                for (avx512, prefill, simd) in [
+                    (true, Prefill::Int, true),
+                    (true, Prefill::F32, true),
+                    (false, Prefill::Auto, true),
+                    (true, Prefill::Auto, false),
+                ] {
+                    set_avx512(avx512);
+                    set_prefill(prefill);
+                    let p = packer();
+                    let mut y = vec![f32::NAN; t * cout];
+                    gemm_many(simd, &[p.as_dot().unwrap()], &x, t, &mut [&mut y]);
+                    set_avx512(true);
+                    set_prefill(Prefill::Auto);
+                    let label = format!("{format:?} {cout}x{cin} avx512={avx512} {prefill:?} simd={simd}");
+                    // The f32 tiles: products of subnormal inputs round, one unit each.
+                    check_extreme(&label, &y, &x, w, (t, cout, cin), 2, cin as f64);
+                }
+            }
         }
     }
 }

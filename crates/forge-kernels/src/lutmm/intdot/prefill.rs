@@ -61,8 +61,9 @@ impl PlaneX {
     /// Quantize `t` rows of `cin` values into this value's buffers (no allocation once large
     /// enough), rows in parallel, with the AVX-512 code where `simd` and the CPU has it (the same
     /// bits). False, with nothing usable, when a value is not finite or a block's largest
-    /// magnitude is too small to scale (below ~1e-32): the caller multiplies in f32 instead,
-    /// which carries NaN and infinity through as a dense product would.
+    /// magnitude is too small to scale (below ~1e-32) or above 2⁶⁴: the caller multiplies in
+    /// f32 instead, which takes any finite input and carries NaN and infinity through as a
+    /// dense product would.
     pub fn fill(&mut self, simd: bool, x: &[f32], t: usize, cin: usize, cin_pad: usize) -> bool {
         assert!(x.len() >= t * cin && cin_pad >= cin && cin_pad.is_multiple_of(4));
         let before = self.held_bytes();
@@ -95,7 +96,7 @@ impl PlaneX {
 }
 
 /// One row into its planes (`3 × cin_pad` bytes) and blocks; false if a value is not finite or
-/// a block too small to scale.
+/// a block too small or too large to scale.
 fn quantize_row(simd: bool, row: &[f32], planes: &mut [i8], blocks: &mut [Block]) -> bool {
     let (cin, cin_pad) = (row.len(), planes.len() / 3);
     let (hp, rest) = planes.split_at_mut(cin_pad);
@@ -104,7 +105,9 @@ fn quantize_row(simd: bool, row: &[f32], planes: &mut [i8], blocks: &mut [Block]
         let (c0, c1) = (b * PBLOCK, ((b + 1) * PBLOCK).min(cin_pad));
         let v = &row[c0.min(cin)..c1.min(cin)];
         let (m, finite) = super::absmax_finite(v);
-        if !finite {
+        if !finite || m > super::ROW_HI {
+            // A block above 2⁶⁴ could overflow f32 in its block sums (`close`) before the row
+            // scale brings them down, where the f32 path's products need not.
             return false;
         }
         let (s1, inv) = if m > 0.0 { (m / XMAX1, XMAX1 / m) } else { (0.0, 0.0) };
