@@ -27,6 +27,14 @@ use serde_json::Value as Json;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Template instructions one render may execute. The templates shipped with models spend about a
+/// hundred per message (see the `chat_fuel_per_message` test), so this is room for hundreds of
+/// thousands of messages while a template that loops without end stops within seconds.
+pub const MAX_RENDER_FUEL: u64 = 100_000_000;
+/// Bytes one render may produce: far more than any context holds, while a template that prints
+/// without end stops before it exhausts memory.
+pub const MAX_RENDER_BYTES: usize = 64 << 20;
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
@@ -50,6 +58,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
+        env.set_fuel(Some(MAX_RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(py_formatter);
         env.add_filter("tojson", tojson_filter);
@@ -105,6 +114,17 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, Json>,
     ) -> Result<String> {
+        self.render_counted(messages, tools, add_generation_prompt, extra).map(|(text, _)| text)
+    }
+
+    /// [`Self::render`] and the template instructions it executed.
+    fn render_counted(
+        &self,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, Json>,
+    ) -> Result<(String, u64)> {
         let messages = normalize_messages(messages)?;
         let mut ctx: Vec<(String, Value)> = Vec::new();
         if let Some(bos) = &self.bos_token {
@@ -125,7 +145,41 @@ impl ChatTemplate {
         let ctx = Value::from_iter(ctx);
 
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| anyhow!("chat template: {}", describe(&e)))?;
-        template.render(ctx).map_err(|e| anyhow!("chat template rendering failed: {}", describe(&e)))
+        let mut out = CappedWriter { buf: Vec::new(), overflow: false };
+        let fuel = match template.render_captured_to(ctx, &mut out) {
+            Ok(captured) => captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed),
+            Err(_) if out.overflow => {
+                bail!("chat template rendering stopped: the prompt exceeds {MAX_RENDER_BYTES} bytes")
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => bail!(
+                "chat template rendering stopped after {MAX_RENDER_FUEL} template instructions \
+                 (a loop that does not end?)"
+            ),
+            Err(e) => bail!("chat template rendering failed: {}", describe(&e)),
+        };
+        let text = String::from_utf8(out.buf).map_err(|_| anyhow!("chat template rendering produced invalid UTF-8"))?;
+        Ok((text, fuel))
+    }
+}
+
+/// The render's output, refused past [`MAX_RENDER_BYTES`].
+struct CappedWriter {
+    buf: Vec<u8>,
+    overflow: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + data.len() > MAX_RENDER_BYTES {
+            self.overflow = true;
+            return Err(std::io::Error::other("chat template output limit reached"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -792,5 +846,65 @@ mod tests {
         for (f, want) in cases {
             assert_eq!(py_float(f, false), want, "{f}");
         }
+    }
+
+    fn qwen35() -> ChatTemplate {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/templates/Qwen3.5-4B.jinja");
+        ChatTemplate::new(&std::fs::read_to_string(path).unwrap(), None, None).unwrap()
+    }
+
+    #[test]
+    fn chat_fuel_per_message() {
+        // What a real template spends per message, with tools and reasoning: MAX_RENDER_FUEL is
+        // sized from it.
+        let t = qwen35();
+        let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let turn = |i: usize| {
+            vec![
+                json!({"role": "user", "content": format!("question {i}")}),
+                json!({"role": "assistant", "content": "answer", "reasoning_content": "thought",
+                       "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}),
+                json!({"role": "tool", "content": "sunny"}),
+            ]
+        };
+        let mut per_message = 0;
+        for n in [10, 100, 1000] {
+            let messages: Vec<Json> = (0..n).flat_map(turn).collect();
+            let (text, fuel) =
+                t.render_counted(&Json::Array(messages), Some(&tools), true, &Default::default()).unwrap();
+            assert!(text.contains("question 9"));
+            per_message = per_message.max(fuel / (3 * n as u64));
+        }
+        eprintln!("Qwen3.5 template: {per_message} instructions per message");
+        assert!(per_message > 0 && per_message < 500, "{per_message} instructions per message");
+        assert!(MAX_RENDER_FUEL / per_message >= 100_000, "{per_message}");
+    }
+
+    #[test]
+    fn chat_template_that_loops_or_floods_is_stopped() {
+        let m = json!([{"role": "user", "content": "hi"}]);
+        let none = serde_json::Map::new();
+        // 10^10 iterations: stopped by the fuel bound.
+        let loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% if i == j %}.{% endif %}{% endfor %}{% endfor %}";
+        let t = std::time::Instant::now();
+        let e = ChatTemplate::new(loops, None, None).unwrap().render(&m, None, false, &none).unwrap_err().to_string();
+        assert!(e.contains("template instructions") && e.contains("loop"), "{e}");
+        assert!(t.elapsed().as_secs() < 30, "{:?}", t.elapsed());
+        // 100 GB of output in few instructions: stopped by the output bound.
+        let floods = "{% for i in range(1000) %}{{ 'x' * 99999999 }}{% endfor %}";
+        let e = ChatTemplate::new(floods, None, None).unwrap().render(&m, None, false, &none).unwrap_err().to_string();
+        assert!(e.contains("exceeds 67108864 bytes"), "{e}");
+        // Unbounded recursion: stopped by minijinja's recursion limit.
+        let recurses = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let e =
+            ChatTemplate::new(recurses, None, None).unwrap().render(&m, None, false, &none).unwrap_err().to_string();
+        assert!(e.contains("recursion"), "{e}");
+        // Adversarial messages through a real template: bounded output, no error.
+        let long = "<|im_start|>{{ x }}{% for %}".repeat(10_000);
+        let m = json!([{"role": "system", "content": long}, {"role": "user", "content": "\u{0}\u{ffff}"},
+                       {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": {"a": "</tool_call>"}}}]}]);
+        let out = qwen35().render(&m, None, true, &none).unwrap();
+        assert!(out.len() > long.len());
     }
 }

@@ -37,11 +37,15 @@ impl Checkpoint {
                 .to_string();
             Ok((Checkpoint::Hf { dir: path.to_path_buf(), set, prefix }, cfg))
         } else {
-            let file = GgufFile::open(path)?;
-            let cfg = config_from_gguf(&file).with_context(|| format!("{}", path.display()))?;
-            let arch = file.get_str("general.architecture").unwrap_or("").to_string();
-            Ok((Checkpoint::Gguf { file: Box::new(file), arch }, cfg))
+            Self::from_gguf(GgufFile::open(path)?)
         }
+    }
+
+    /// A parsed GGUF file as a checkpoint, with the configuration its metadata describes.
+    pub fn from_gguf(file: GgufFile) -> Result<(Checkpoint, ModelConfig)> {
+        let cfg = config_from_gguf(&file).with_context(|| format!("{}", file.path.display()))?;
+        let arch = file.get_str("general.architecture").unwrap_or("").to_string();
+        Ok((Checkpoint::Gguf { file: Box::new(file), arch }, cfg))
     }
 
     pub fn path(&self) -> &Path {
@@ -228,32 +232,39 @@ fn unpermute_rows(data: &[f32], shape: &[usize], n_head: usize) -> Result<Vec<f3
     Ok(out)
 }
 
-fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
+/// The configuration a GGUF file's metadata describes (llama-family architectures).
+pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     let arch = f.get_str("general.architecture").ok_or_else(|| anyhow!("missing 'general.architecture'"))?;
     if !matches!(arch, "llama" | "qwen2" | "qwen3" | "mistral") {
         bail!("unsupported GGUF architecture '{arch}' (supported: llama, qwen2, qwen3, mistral)");
     }
     let key = |k: &str| format!("{arch}.{k}");
-    let need = |k: &str| f.get_u64(&key(k)).map(|v| v as usize).ok_or_else(|| anyhow!("missing '{}'", key(k)));
+    // Values beyond usize saturate; the bounds of `ModelConfig::validate` refuse them.
+    let int = |k: &str| f.get_u64(k).map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+    let need = |k: &str| int(&key(k)).ok_or_else(|| anyhow!("missing '{}'", key(k)));
     let hidden_size = need("embedding_length")?;
     let num_heads = need("attention.head_count")?;
-    let num_kv_heads = f.get_u64(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(num_heads);
-    let head_dim =
-        f.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
+    let num_kv_heads = int(&key("attention.head_count_kv")).unwrap_or(num_heads);
+    let head_dim = int(&key("attention.key_length")).unwrap_or(hidden_size / num_heads.max(1));
     if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 || head_dim == 0 {
         bail!("invalid head configuration: {num_heads} heads, {num_kv_heads} kv heads");
     }
     let emb = f.tensor("token_embd.weight").ok_or_else(|| anyhow!("missing tensor 'token_embd.weight'"))?;
-    let vocab_size = emb.shape()[0];
+    let vocab_size = match emb.shape()[..] {
+        [vocab, _] => vocab,
+        ref other => bail!("tensor 'token_embd.weight' has shape {other:?}, expected [vocab, hidden]"),
+    };
     let num_layers = need("block_count")?;
-    let rotary_dim = f.get_u64(&key("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim);
+    // Sizes the layer list below: checked before it is built.
+    crate::config::check_range(&key("block_count"), num_layers, 0, crate::config::MAX_LAYERS)?;
+    let rotary_dim = int(&key("rope.dimension_count")).unwrap_or(head_dim);
     let rope_scaling = match f.get_str(&key("rope.scaling.type")) {
         Some("linear") => {
             Some(crate::config::RopeScaling::Linear { factor: f.get_f32(&key("rope.scaling.factor")).unwrap_or(1.0) })
         }
         _ => None,
     };
-    Ok(ModelConfig {
+    let cfg = ModelConfig {
         arch: Arch::Llama,
         model_type: arch.to_string(),
         vocab_size,
@@ -274,10 +285,12 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         norm_zero_centered: false,
         layer_kinds: vec![crate::config::LayerKind::Attention; num_layers],
         deltanet: None,
-        max_position_embeddings: f.get_u64(&key("context_length")).map(|v| v as usize).unwrap_or(2048),
+        max_position_embeddings: int(&key("context_length")).unwrap_or(2048),
         bos_token_id: f.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_token_ids: f.get_u64("tokenizer.ggml.eos_token_id").map(|v| vec![v as u32]).unwrap_or_default(),
-    })
+    };
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 #[cfg(test)]

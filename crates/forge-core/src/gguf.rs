@@ -43,6 +43,14 @@ const MAX_DIMS: u32 = 4;
 /// The format allows arrays of arrays; real files never nest deeply, and a bound keeps a
 /// malicious file from recursing the parser off the stack.
 const MAX_ARRAY_DEPTH: usize = 8;
+/// Tensors in one file. The largest published models have a few thousand; the bound keeps a
+/// header that claims billions from sizing the directory after it.
+pub const MAX_TENSORS: u64 = 1 << 20;
+/// Metadata values in one file, array elements included. A parsed value takes 32 bytes however
+/// small its encoding (one byte for a U8), so the count, not the file size, bounds the memory the
+/// metadata takes once parsed (256 MiB at this bound). The largest vocabularies hold about a
+/// million values (tokens, types, scores, merges).
+pub const MAX_METADATA_VALUES: u64 = 1 << 23;
 /// Super-block size of the k-quants and the other 256-element formats.
 const QK_K: usize = 256;
 
@@ -344,6 +352,23 @@ impl GgufTensorInfo {
     }
 }
 
+/// The bytes of an opened file: a memory map, or a buffer handed in by the caller.
+#[derive(Debug)]
+enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
 /// An opened, validated GGUF file. Tensor data stays in the memory map until asked for.
 #[derive(Debug)]
 pub struct GgufFile {
@@ -352,7 +377,7 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, GgufValue>,
     pub tensors: Vec<GgufTensorInfo>,
     by_name: HashMap<String, usize>,
-    mmap: Mmap,
+    data: Backing,
 }
 
 impl GgufFile {
@@ -368,14 +393,23 @@ impl GgufFile {
         // loader (llama.cpp, safetensors) we rely on the file not being modified while it is
         // open; all bounds are checked against the map's length, never re-read from disk.
         let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("{shown}: cannot memory-map GGUF file"))?;
-        let parsed = parse(&mmap, path)?;
+        Self::from_backing(path, Backing::Map(mmap))
+    }
+
+    /// Parses a GGUF file already in memory; `path` only names it in messages.
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self> {
+        Self::from_backing(path, Backing::Owned(bytes))
+    }
+
+    fn from_backing(path: &Path, data: Backing) -> Result<Self> {
+        let parsed = parse(&data, path)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
             version: parsed.version,
             metadata: parsed.metadata,
             tensors: parsed.tensors,
             by_name: parsed.by_name,
-            mmap,
+            data,
         })
     }
 
@@ -388,7 +422,7 @@ impl GgufFile {
     pub fn tensor_data(&self, info: &GgufTensorInfo) -> &[u8] {
         usize::try_from(info.offset)
             .ok()
-            .and_then(|start| self.mmap.get(start..start.checked_add(info.n_bytes)?))
+            .and_then(|start| self.data.get(start..start.checked_add(info.n_bytes)?))
             .unwrap_or(&[])
     }
 
@@ -509,6 +543,8 @@ type Parsed<T> = std::result::Result<T, Fail>;
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Metadata values still allowed (see [`MAX_METADATA_VALUES`]).
+    values_left: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -553,6 +589,19 @@ impl<'a> Cursor<'a> {
         Ok(count as usize)
     }
 
+    /// Takes `n` values from the metadata budget before they are allocated.
+    fn spend(&mut self, n: u64) -> Parsed<()> {
+        match self.values_left.checked_sub(n) {
+            Some(left) => {
+                self.values_left = left;
+                Ok(())
+            }
+            None => Err(Fail::Invalid(format!(
+                "more than {MAX_METADATA_VALUES} metadata values in all (array elements included)"
+            ))),
+        }
+    }
+
     fn string(&mut self) -> Parsed<String> {
         let len = self.u64()?;
         let bytes = self.take(len)?;
@@ -584,6 +633,7 @@ impl<'a> Cursor<'a> {
                     .ok_or_else(|| Fail::Invalid(format!("unknown array element type {elem_ty}")))?;
                 let count = self.u64()?;
                 let count = self.check_fits(count, min_size)?;
+                self.spend(count as u64)?;
                 let mut items = Vec::with_capacity(count);
                 for _ in 0..count {
                     items.push(self.value(elem_ty, depth + 1)?);
@@ -624,7 +674,7 @@ fn parse(buf: &[u8], path: &Path) -> Result<ParsedHeader> {
         ),
         Fail::Invalid(msg) => anyhow!("{shown}: malformed GGUF {what}: {msg}"),
     };
-    let mut cur = Cursor { buf, pos: 0 };
+    let mut cur = Cursor { buf, pos: 0, values_left: MAX_METADATA_VALUES };
 
     let magic: [u8; 4] = cur.array().map_err(|f| fail(f, "magic"))?;
     if &magic != GGUF_MAGIC {
@@ -649,12 +699,19 @@ fn parse(buf: &[u8], path: &Path) -> Result<ParsedHeader> {
              {n_kv} metadata keys, which cannot fit in a {size}-byte file"
         );
     }
+    if n_tensors > MAX_TENSORS {
+        bail!("{shown}: GGUF header claims {n_tensors} tensors (at most {MAX_TENSORS} are supported)");
+    }
+    if n_kv > MAX_METADATA_VALUES {
+        bail!("{shown}: GGUF header claims {n_kv} metadata keys (at most {MAX_METADATA_VALUES} are supported)");
+    }
 
     let mut metadata = BTreeMap::new();
     for i in 0..n_kv {
         let key = cur.string().map_err(|f| fail(f, &format!("the name of metadata key #{i}")))?;
         let what = format!("metadata key '{key}'");
         let ty = cur.u32().map_err(|f| fail(f, &what))?;
+        cur.spend(1).map_err(|f| fail(f, &what))?;
         let value = cur.value(ty, 0).map_err(|f| fail(f, &what))?;
         if metadata.insert(key, value).is_some() {
             bail!("{shown}: duplicate {what}");
@@ -1621,5 +1678,61 @@ mod tests {
             }
         }
         assert!(opened > 0 && failed > 0, "opened {opened}, failed {failed}");
+    }
+
+    #[test]
+    fn gguf_absurd_counts_are_refused_before_allocating() {
+        let path = Path::new("absurd.gguf");
+        let err = |bytes: Vec<u8>| format!("{:#}", GgufFile::from_bytes(path, bytes).unwrap_err());
+        // More tensors than any model has, in a file large enough to hold their minimal entries.
+        let mut b = raw_header(3, MAX_TENSORS + 1, 0);
+        b.resize(b.len() + 24 * (MAX_TENSORS as usize + 1), 0);
+        let e = err(b);
+        assert!(e.contains("absurd.gguf") && e.contains("at most 1048576"), "{e}");
+        // A U8 array of one byte per element parses to 32 bytes per element: the metadata budget
+        // refuses it before the array is allocated, naming the key.
+        let n = MAX_METADATA_VALUES + 1;
+        let mut b = raw_header(3, 0, 1);
+        let mut payload = vtype::U8.to_le_bytes().to_vec();
+        payload.extend_from_slice(&n.to_le_bytes());
+        raw_kv(&mut b, b"tokenizer.ggml.precompiled_charsmap", vtype::ARRAY, &payload);
+        b.resize(b.len() + n as usize, 0);
+        let e = err(b);
+        assert!(e.contains("'tokenizer.ggml.precompiled_charsmap'") && e.contains("metadata values"), "{e}");
+        // The budget is shared: two arrays of 5M values each fit the file but not the budget.
+        let half: usize = 5 << 20;
+        let mut b = raw_header(3, 0, 2);
+        for key in [&b"a"[..], b"b"] {
+            let mut payload = vtype::U8.to_le_bytes().to_vec();
+            payload.extend_from_slice(&(half as u64).to_le_bytes());
+            payload.resize(payload.len() + half, 1);
+            raw_kv(&mut b, key, vtype::ARRAY, &payload);
+        }
+        let e = err(b);
+        assert!(e.contains("metadata key 'b'") && e.contains("metadata values"), "{e}");
+        // Nested empty arrays (12 bytes each in the file) count against the same budget.
+        let mut b = raw_header(3, 0, 1);
+        let mut payload = vtype::ARRAY.to_le_bytes().to_vec();
+        payload.extend_from_slice(&n.to_le_bytes());
+        raw_kv(&mut b, b"nested", vtype::ARRAY, &payload);
+        b.resize(b.len() + 12 * n as usize, 0);
+        let e = err(b);
+        assert!(e.contains("'nested'") && e.contains("metadata values"), "{e}");
+        // Counts and lengths beyond the bytes left in the file.
+        let e = err(raw_header(3, 1_000_000_000, 0));
+        assert!(e.contains("1000000000 tensors") && e.contains("cannot fit"), "{e}");
+    }
+
+    #[test]
+    fn gguf_from_bytes_equals_open() {
+        let mut rng = Rng(7);
+        let (bytes, _) = sample_file_bytes(&mut rng);
+        let tmp = TempPath::with("bytes", &bytes);
+        let a = GgufFile::open(&tmp.0).unwrap();
+        let b = GgufFile::from_bytes(&tmp.0, bytes).unwrap();
+        assert_eq!((&a.metadata, &a.tensors), (&b.metadata, &b.tensors));
+        for t in &a.tensors {
+            assert_eq!(a.tensor_data(t), b.tensor_data(t));
+        }
     }
 }

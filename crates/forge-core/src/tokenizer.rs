@@ -42,6 +42,10 @@ const TOKEN_TYPE_BYTE: i32 = 6;
 /// Token texts that end a generation in the common chat formats, in addition to eos/eot.
 const STOP_TOKEN_TEXTS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>"];
 
+/// Bound on the work of recovering SentencePiece merges (the sum of the squared piece lengths):
+/// a 256 Ki vocabulary of 64-byte pieces reaches it; real ones stay below 1e8.
+const MAX_SPM_MERGE_WORK: u64 = 1 << 30;
+
 /// Split regex of Llama-3 `tokenizer.json` (`Split` pre-tokenizer, behavior `Isolated`).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Split regex of Qwen2/2.5/3 `tokenizer.json`: like Llama-3 but single digits.
@@ -76,23 +80,43 @@ impl Tokenizer {
     /// the stop ids. Missing optional files are fine; unreadable or malformed ones are errors.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner =
-            tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("failed to load {}: {e}", path.display()))?;
+        let text = read_bounded(&path, MAX_TOKENIZER_JSON_BYTES)?;
+        let inner = parse_tokenizer_json(&text).map_err(|e| anyhow!("failed to load {}: {e}", path.display()))?;
 
         let tok_cfg = read_optional_json(&dir.join("tokenizer_config.json"))?;
         let gen_cfg = read_optional_json(&dir.join("generation_config.json"))?;
         let model_cfg = read_optional_json(&dir.join("config.json"))?;
+        Ok(Self::from_parts(inner, tok_cfg.as_ref(), gen_cfg.as_ref(), model_cfg.as_ref()))
+    }
 
+    /// Like [`Self::from_dir`], from the text of `tokenizer.json` and the configurations beside it,
+    /// already read and parsed.
+    pub fn from_json(
+        tokenizer_json: &str,
+        tokenizer_config: Option<&Value>,
+        generation_config: Option<&Value>,
+        config: Option<&Value>,
+    ) -> Result<Self> {
+        let inner = parse_tokenizer_json(tokenizer_json).map_err(|e| anyhow!("malformed tokenizer.json: {e}"))?;
+        Ok(Self::from_parts(inner, tokenizer_config, generation_config, config))
+    }
+
+    fn from_parts(
+        inner: tokenizers::Tokenizer,
+        tok_cfg: Option<&Value>,
+        gen_cfg: Option<&Value>,
+        model_cfg: Option<&Value>,
+    ) -> Self {
         let cfg_token = |key: &str| -> Option<u32> {
-            let v = tok_cfg.as_ref()?.get(key)?;
+            let v = tok_cfg?.get(key)?;
             // Either "<s>" or a serialized AddedToken {"content": "<s>", ...}.
             let text = v.as_str().or_else(|| v.get("content")?.as_str())?;
             inner.token_to_id(text)
         };
         // Ids from generation_config.json / config.json: a number or a list; ids outside the
         // vocabulary are ignored rather than trusted.
-        let cfg_id = |cfg: &Option<Value>, key: &str| -> Vec<u32> {
-            let raw: Vec<u64> = match cfg.as_ref().and_then(|c| c.get(key)) {
+        let cfg_id = |cfg: Option<&Value>, key: &str| -> Vec<u32> {
+            let raw: Vec<u64> = match cfg.and_then(|c| c.get(key)) {
                 Some(Value::Number(n)) => n.as_u64().into_iter().collect(),
                 Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).collect(),
                 _ => Vec::new(),
@@ -105,22 +129,22 @@ impl Tokenizer {
 
         // An explicit (even null) bos_token in tokenizer_config.json is what HF uses; config.json's
         // bos_token_id only fills in when the tokenizer config does not mention BOS at all.
-        let bos = match tok_cfg.as_ref().and_then(|c| c.get("bos_token")) {
+        let bos = match tok_cfg.and_then(|c| c.get("bos_token")) {
             Some(_) => cfg_token("bos_token"),
-            None => cfg_id(&model_cfg, "bos_token_id").first().copied(),
+            None => cfg_id(model_cfg, "bos_token_id").first().copied(),
         };
-        let gen_eos = cfg_id(&gen_cfg, "eos_token_id");
-        let model_eos = cfg_id(&model_cfg, "eos_token_id");
+        let gen_eos = cfg_id(gen_cfg, "eos_token_id");
+        let model_eos = cfg_id(model_cfg, "eos_token_id");
         let eos = cfg_token("eos_token").or_else(|| gen_eos.first().copied()).or_else(|| model_eos.first().copied());
 
-        let add_bos = match tok_cfg.as_ref().and_then(|c| c.get("add_bos_token")) {
+        let add_bos = match tok_cfg.and_then(|c| c.get("add_bos_token")) {
             Some(Value::Bool(b)) => *b,
             // No explicit flag: follow what the tokenizer.json post-processor does.
             _ => post_processor_adds_bos(&inner, bos),
         };
 
         let extra_stops: Vec<u32> = gen_eos.into_iter().chain(model_eos).collect();
-        Ok(Self::assemble(inner, bos, eos, None, add_bos, &extra_stops))
+        Self::assemble(inner, bos, eos, None, add_bos, &extra_stops)
     }
 
     /// Builds the tokenizer described by GGUF `tokenizer.ggml.*` metadata.
@@ -235,14 +259,34 @@ impl Tokenizer {
     }
 }
 
-fn read_optional_json(path: &Path) -> Result<Option<Value>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            serde_json::from_str(&text).map(Some).with_context(|| format!("failed to parse {}", path.display()))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("failed to read {}", path.display())),
+/// A `tokenizer.json` larger than this is refused before it is read (the largest published ones,
+/// with 256 Ki-token vocabularies, are about 35 MB).
+pub const MAX_TOKENIZER_JSON_BYTES: u64 = 512 << 20;
+/// The same for the small JSON files beside it (`tokenizer_config.json`, `config.json`, ...).
+pub const MAX_SIDE_JSON_BYTES: u64 = 64 << 20;
+
+/// The text of `path`, refused if larger than `limit` bytes.
+fn read_bounded(path: &Path, limit: u64) -> Result<String> {
+    let size = std::fs::metadata(path).with_context(|| format!("failed to read {}", path.display()))?.len();
+    if size > limit {
+        bail!("{}: {size} bytes is more than the {limit} bytes such a file may have", path.display());
     }
+    std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))
+}
+
+/// A `tokenizer.json` document. Its syntax is checked first: the `tokenizers` crate panics instead
+/// of failing on some syntax errors (inside a `decoder`, for one).
+fn parse_tokenizer_json(text: &str) -> Result<tokenizers::Tokenizer> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| anyhow!("malformed JSON: {e}"))?;
+    tokenizers::Tokenizer::from_str(text).map_err(|e| anyhow!("{e}"))
+}
+
+fn read_optional_json(path: &Path) -> Result<Option<Value>> {
+    if matches!(std::fs::metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(None);
+    }
+    let text = read_bounded(path, MAX_SIDE_JSON_BYTES)?;
+    serde_json::from_str(&text).map(Some).with_context(|| format!("failed to parse {}", path.display()))
 }
 
 /// True when encoding with special tokens puts `bos` in front (HF TemplateProcessing post-processor).
@@ -383,7 +427,7 @@ fn llama_tokenizer_json(v: &GgufVocab) -> Result<Value> {
         "model": {
             "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
-            "ignore_merges": false, "vocab": vocab_map(v), "merges": spm_merges(v),
+            "ignore_merges": false, "vocab": vocab_map(v), "merges": spm_merges(v)?,
         },
     }))
 }
@@ -391,7 +435,11 @@ fn llama_tokenizer_json(v: &GgufVocab) -> Result<Value> {
 /// Recovers BPE merges from SentencePiece scores the way HF's `SentencePieceExtractor` does: every
 /// split of a piece into two vocabulary pieces is a merge, ranked by the merged piece's score
 /// (higher first; by id when there are no scores), ties broken by the ids of the two halves.
-fn spm_merges(v: &GgufVocab) -> Vec<[String; 2]> {
+///
+/// Each piece costs the square of its length (every split hashes both halves); pieces are at most
+/// a few dozen bytes in real vocabularies, so the total is bounded by [`MAX_SPM_MERGE_WORK`]
+/// rather than letting a vocabulary of long pieces take hours.
+fn spm_merges(v: &GgufVocab) -> Result<Vec<[String; 2]>> {
     let ids: HashMap<&str, usize> = v
         .tokens
         .iter()
@@ -400,10 +448,19 @@ fn spm_merges(v: &GgufVocab) -> Vec<[String; 2]> {
         .map(|(id, t)| (t.as_str(), id))
         .collect();
     let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
+    let mut work = 0u64;
     for (id, piece) in v.tokens.iter().enumerate() {
         // Control, byte and unknown pieces are never produced by merging.
         if matches!(token_type(v, id), TOKEN_TYPE_CONTROL | TOKEN_TYPE_BYTE | TOKEN_TYPE_UNKNOWN) {
             continue;
+        }
+        work += (piece.len() as u64).pow(2);
+        if work > MAX_SPM_MERGE_WORK {
+            bail!(
+                "GGUF tokenizer.ggml.tokens: the pieces are too long to recover SentencePiece merges from \
+                 (token {id} is {} bytes; the squared lengths exceed {MAX_SPM_MERGE_WORK})",
+                piece.len()
+            );
         }
         let score = v.scores.get(id).copied().unwrap_or(-(id as f32));
         for (split, _) in piece.char_indices().skip(1) {
@@ -413,7 +470,7 @@ fn spm_merges(v: &GgufVocab) -> Vec<[String; 2]> {
         }
     }
     merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then((a.2, a.3).cmp(&(b.2, b.3))));
-    merges.into_iter().map(|(_, _, l, r)| [v.tokens[l].clone(), v.tokens[r].clone()]).collect()
+    Ok(merges.into_iter().map(|(_, _, l, r)| [v.tokens[l].clone(), v.tokens[r].clone()]).collect())
 }
 
 /// Incremental detokenizer for streaming: feed ids, get the newly completed UTF-8 text. Text is
@@ -716,5 +773,41 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         let err = format!("{:#}", Tokenizer::from_dir(&dir).err().unwrap());
         assert!(err.contains("tokenizer.json"), "{err}");
+    }
+
+    #[test]
+    fn tokenizer_long_sentencepiece_pieces_are_refused() {
+        // Recovering merges costs the square of each piece's length: a vocabulary of a few
+        // 40 KB pieces would take minutes and is refused up front, naming the field.
+        let mut v = spm_vocab();
+        for c in ['a', 'b'] {
+            v.tokens.push(c.to_string().repeat(40_000));
+            v.token_types.push(TOKEN_TYPE_NORMAL);
+            v.scores.push(0.0);
+        }
+        let t = std::time::Instant::now();
+        let err = Tokenizer::from_gguf(&v).unwrap_err().to_string();
+        assert!(err.contains("tokenizer.ggml.tokens") && err.contains("40000 bytes"), "{err}");
+        assert!(t.elapsed().as_secs() < 5);
+    }
+
+    #[test]
+    fn tokenizer_json_syntax_errors_are_errors_not_panics() {
+        // The tokenizers crate panics ("Helper") on a syntax error inside `decoder`: a
+        // tokenizer.json cut short there (an interrupted download) must be an error.
+        let (tok, _) = smollm2();
+        let json = tok.inner().to_string(false).unwrap();
+        let at = json.find("\"decoder\":").unwrap() + 20;
+        for bad in [&json[..at], &format!("{}\u{1}{}", &json[..at], &json[at..])] {
+            let err = Tokenizer::from_json(bad, None, None, None).unwrap_err().to_string();
+            assert!(err.contains("malformed tokenizer.json: malformed JSON"), "{err}");
+        }
+        let dir = std::env::temp_dir().join(format!("forge-tok-trunc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), &json[..at]).unwrap();
+        let err = format!("{:#}", Tokenizer::from_dir(&dir).unwrap_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.contains("tokenizer.json") && err.contains("malformed JSON"), "{err}");
+        assert!(Tokenizer::from_json(&json, None, None, None).is_ok());
     }
 }

@@ -22,8 +22,12 @@ const FUNC_OPEN: &str = "<function=";
 const FUNC_CLOSE: &str = "</function>";
 const PARAM_OPEN: &str = "<parameter=";
 const PARAM_CLOSE: &str = "</parameter>";
-/// A `<function=NAME>` or `<parameter=NAME>` header longer than this is not a tag.
+/// A `<function=NAME>` or `<parameter=NAME>` header longer than this is not a tag; neither is a
+/// `<tool_call>` whose body starts after more whitespace than this.
 const MAX_TAG: usize = 256;
+/// [`OutputParser::push`] feeds its text through in pieces of about this many bytes, so that the
+/// buffers stay small and consuming from their front stays cheap however large one push is.
+const PUSH_PIECE: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Delta {
@@ -133,6 +137,9 @@ struct ReasoningSplitter {
     buf: String,
     /// Still at the start of the reasoning or of the answer after it: drop whitespace.
     trim_lead: bool,
+    /// `buf[..ws]` is whitespace already looked at (leading whitespace before a possible
+    /// `<think>`, or reasoning's trailing whitespace held back): not scanned again.
+    ws: usize,
 }
 
 enum Seg {
@@ -143,7 +150,7 @@ enum Seg {
 impl ReasoningSplitter {
     fn new(starts_in_reasoning: bool) -> Self {
         let state = if starts_in_reasoning { ThinkState::Think } else { ThinkState::Start };
-        ReasoningSplitter { state, buf: String::new(), trim_lead: starts_in_reasoning }
+        ReasoningSplitter { state, buf: String::new(), trim_lead: starts_in_reasoning, ws: 0 }
     }
 
     fn push(&mut self, text: &str, out: &mut Vec<Seg>) {
@@ -151,15 +158,18 @@ impl ReasoningSplitter {
         loop {
             match self.state {
                 ThinkState::Start => {
-                    let t = self.buf.trim_start();
+                    let t = self.buf[self.ws..].trim_start();
+                    self.ws = self.buf.len() - t.len();
                     if let Some(rest) = t.strip_prefix(THINK_OPEN) {
                         self.buf = rest.to_string();
                         self.state = ThinkState::Think;
                         self.trim_lead = true;
+                        self.ws = 0;
                     } else if THINK_OPEN.starts_with(t) {
                         return;
                     } else {
                         self.state = ThinkState::Content;
+                        self.ws = 0;
                     }
                 }
                 ThinkState::Think => {
@@ -172,7 +182,8 @@ impl ReasoningSplitter {
                         self.buf = t.to_string();
                         self.trim_lead = false;
                     }
-                    if let Some(p) = self.buf.find(THINK_CLOSE) {
+                    // No tag starts in the whitespace held back.
+                    if let Some(p) = self.buf[self.ws..].find(THINK_CLOSE).map(|p| p + self.ws) {
                         let r = self.buf[..p].trim_end();
                         if !r.is_empty() {
                             out.push(Seg::Reasoning(r.to_string()));
@@ -180,14 +191,18 @@ impl ReasoningSplitter {
                         self.buf = self.buf[p + THINK_CLOSE.len()..].to_string();
                         self.state = ThinkState::Content;
                         self.trim_lead = true;
+                        self.ws = 0;
                         continue;
                     }
-                    let hold = partial_suffix(&self.buf, THINK_CLOSE);
-                    let e = self.buf[..self.buf.len() - hold].trim_end().len();
+                    let body = self.buf.len() - partial_suffix(&self.buf, THINK_CLOSE);
+                    let known = self.ws.min(body);
+                    let tail = self.buf[known..body].trim_end().len();
+                    let e = if tail == 0 { 0 } else { known + tail };
                     if e > 0 {
                         out.push(Seg::Reasoning(self.buf[..e].to_string()));
                         self.buf.drain(..e);
                     }
+                    self.ws = body - e;
                     return;
                 }
                 ThinkState::Content => {
@@ -257,6 +272,10 @@ struct ToolParser {
     /// A call just ended: whitespace up to the next text is the template's separator.
     after_call: bool,
     calls: usize,
+    /// Set when a search for a closing tag (`</tool_call>`, `</parameter>`) failed: the length of
+    /// `buf` then, so that the next search, after more text is appended, resumes near its end.
+    /// Only the step right after the failed search may use it (see [`Self::step_call`]).
+    scanned: usize,
 }
 
 impl ToolParser {
@@ -272,27 +291,40 @@ impl ToolParser {
             ws: String::new(),
             after_call: false,
             calls: 0,
+            scanned: 0,
         }
     }
 
     /// Plain answer text. Whitespace around calls is noise the templates insert: trailing
     /// whitespace is held back (and dropped when a call follows), whitespace after a call dropped.
     fn text(&mut self, s: &str, out: &mut Vec<Delta>) {
-        let mut full = std::mem::take(&mut self.ws);
-        full.push_str(s);
+        let mut s = s;
         if self.after_call {
-            let t = full.trim_start();
-            if t.is_empty() {
+            // `ws` holds whitespace only: dropped with the separator.
+            self.ws.clear();
+            s = s.trim_start();
+            if s.is_empty() {
                 return;
             }
-            full = t.to_string();
             self.after_call = false;
         }
-        let e = full.trim_end().len();
+        let e = s.trim_end().len();
         if e > 0 {
-            out.push(Delta::Content(full[..e].to_string()));
+            let mut content = std::mem::take(&mut self.ws);
+            content.push_str(&s[..e]);
+            out.push(Delta::Content(content));
         }
-        self.ws = full[e..].to_string();
+        self.ws.push_str(&s[e..]);
+    }
+
+    /// Where `marker` starts in `buf[from..]` (as an index into `buf`), looking only past the
+    /// part that the failed search of the previous step covered (`resume`, 0 for none).
+    fn find_close(&self, from: usize, resume: usize, marker: &str) -> Option<usize> {
+        let mut start = from.max(resume.saturating_sub(marker.len() - 1)).min(self.buf.len());
+        while !self.buf.is_char_boundary(start) {
+            start -= 1;
+        }
+        self.buf[start..].find(marker).map(|p| start + p)
     }
 
     fn start_call(&mut self, name: String, out: &mut Vec<Delta>) -> usize {
@@ -340,32 +372,35 @@ impl ToolParser {
 
     /// Advances the call in progress; true when it made progress and should be called again.
     fn step_call(&mut self, out: &mut Vec<Delta>, at_end: bool) -> bool {
+        // Valid only if the previous step ended in a failed search and `buf` has only grown since.
+        let resume = std::mem::take(&mut self.scanned);
         match self.style {
             CallStyle::Unknown => {
                 let t = self.buf.trim_start();
-                if t.starts_with('{') {
+                let lead = self.buf.len() - t.len();
+                if lead <= MAX_TAG && t.starts_with('{') {
                     self.style = CallStyle::Json;
-                } else if t.starts_with(FUNC_OPEN) {
+                } else if lead <= MAX_TAG && t.starts_with(FUNC_OPEN) {
                     self.style = CallStyle::Xml;
-                } else if !at_end && (t.is_empty() || FUNC_OPEN.starts_with(t)) {
+                } else if !at_end && lead <= MAX_TAG && (t.is_empty() || FUNC_OPEN.starts_with(t)) {
                     return false;
                 } else {
                     // Not a call after all: give the text back.
                     self.in_call = false;
-                    let raw = format!("{CALL_OPEN}{}", std::mem::take(&mut self.buf));
                     if at_end {
+                        let raw = format!("{CALL_OPEN}{}", std::mem::take(&mut self.buf));
                         self.text(&raw, out);
                         return false;
                     }
-                    // The opening tag is text; rescan the rest for another call.
+                    // The opening tag is text; the rest is rescanned for another call.
                     self.text(CALL_OPEN, out);
-                    self.buf = raw[CALL_OPEN.len()..].to_string();
                 }
                 true
             }
             CallStyle::Json => {
-                let end = self.buf.find(CALL_CLOSE);
+                let end = self.find_close(0, resume, CALL_CLOSE);
                 if end.is_none() && !at_end {
+                    self.scanned = self.buf.len();
                     return false;
                 }
                 let body_end = end.unwrap_or(self.buf.len());
@@ -386,7 +421,7 @@ impl ToolParser {
                 }
                 !at_end
             }
-            CallStyle::Xml => self.step_xml(out, at_end),
+            CallStyle::Xml => self.step_xml(out, at_end, resume),
         }
     }
 
@@ -407,7 +442,17 @@ impl ToolParser {
         self.after_call = true;
     }
 
-    fn step_xml(&mut self, out: &mut Vec<Delta>, at_end: bool) -> bool {
+    fn step_xml(&mut self, out: &mut Vec<Delta>, at_end: bool, resume: usize) -> bool {
+        let mut resume = resume;
+        if self.xml.is_some() {
+            // Inside a call whitespace between tags means nothing: dropped as it arrives, so
+            // that a long run of it is not scanned again at every step.
+            let lead = self.buf.len() - self.buf.trim_start().len();
+            if lead > 0 {
+                self.buf.drain(..lead);
+                resume = 0;
+            }
+        }
         let lead = self.buf.len() - self.buf.trim_start().len();
         let t = &self.buf[lead..];
         let open_fn = self.xml.as_ref().is_none_or(|x| x.closed);
@@ -428,7 +473,8 @@ impl ToolParser {
         }
         if !open_fn && t.starts_with(PARAM_OPEN) {
             let gt = tag_end(t);
-            let close = gt.and_then(|g| t[g + 1..].find(PARAM_CLOSE).map(|c| g + 1 + c));
+            let close = gt.and_then(|g| self.find_close(lead + g + 1, resume, PARAM_CLOSE)).map(|c| c - lead);
+            let t = &self.buf[lead..];
             let (Some(gt), Some(close)) = (gt, close) else {
                 if gt.is_none() && t.len() >= MAX_TAG {
                     return self.xml_garbage(out, at_end);
@@ -442,6 +488,8 @@ impl ToolParser {
                     } else {
                         self.buf.clear();
                     }
+                } else if gt.is_some() {
+                    self.scanned = self.buf.len();
                 }
                 return false;
             };
@@ -476,12 +524,23 @@ impl ToolParser {
     /// that never started.
     fn xml_garbage(&mut self, out: &mut Vec<Delta>, at_end: bool) -> bool {
         if self.xml.is_none() {
-            // Nothing parsed: this was not a call; hand the text back.
+            // Nothing parsed: this was not a call.
             self.in_call = false;
-            let raw = std::mem::take(&mut self.buf);
-            let text = if self.wrapped { format!("{CALL_OPEN}{raw}") } else { raw };
-            self.text(&text, out);
-            return false;
+            if at_end {
+                let raw = std::mem::take(&mut self.buf);
+                let text = if self.wrapped { format!("{CALL_OPEN}{raw}") } else { raw };
+                self.text(&text, out);
+                return false;
+            }
+            // Its opening tag is text; the rest is scanned again for calls, as it would be had it
+            // arrived later.
+            if self.wrapped {
+                self.text(CALL_OPEN, out);
+            } else {
+                self.buf.drain(..FUNC_OPEN.len());
+                self.text(FUNC_OPEN, out);
+            }
+            return true;
         }
         if at_end {
             self.buf.clear();
@@ -619,9 +678,19 @@ impl OutputParser {
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
-        let mut segs = Vec::new();
-        self.reasoning.push(text, &mut segs);
-        self.route(segs, false)
+        let mut out = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let mut cut = rest.len().min(PUSH_PIECE);
+            while !rest.is_char_boundary(cut) {
+                cut += 1;
+            }
+            let mut segs = Vec::new();
+            self.reasoning.push(&rest[..cut], &mut segs);
+            out.extend(self.route(segs, false));
+            rest = &rest[cut..];
+        }
+        coalesce(out)
     }
 
     pub fn finish(&mut self) -> Vec<Delta> {
@@ -897,5 +966,68 @@ mod tests {
         }
         // The generator must actually reach the interesting states.
         assert!(with_calls > 50 && with_reasoning > 50, "calls {with_calls}, reasoning {with_reasoning}");
+    }
+
+    #[test]
+    fn a_function_tag_without_its_end_is_text_and_what_follows_is_still_parsed() {
+        // Found by the `tool_parser` fuzz target: a `<function=` whose `>` does not come within
+        // MAX_TAG bytes was handed back as text with everything after it when the text arrived
+        // in one piece, but only with what had arrived when streamed, so a call after it was
+        // parsed in one case and not the other.
+        let head = format!("<function=noop?\n</fun{}\n</parameter>\n", "\u{fffd}".repeat(100));
+        for wrap in ["", "<tool_call>\n"] {
+            let text = format!("{wrap}{head}<function=noop></function>");
+            let p = check_stream_equals_oneshot(&text, false, true);
+            assert_eq!(p.content, format!("{wrap}{head}").trim_end(), "{text:?}");
+            assert_eq!(p.tool_calls.len(), 1, "{text:?}");
+            assert_eq!((p.tool_calls[0].name.as_str(), args(&p, 0)), ("noop", json!({})));
+        }
+    }
+
+    #[test]
+    fn adversarial_outputs_parse_in_linear_time() {
+        // Each text makes some buffer grow without end while the parser waits for a tag. Parsing
+        // 1 MiB streamed in 3-byte pieces, or in one piece, must take about as long as reading
+        // it: a rescan of the buffer at every piece would take minutes.
+        let mib = 1 << 20;
+        let texts = [
+            " ".repeat(mib),
+            format!("<think>a{}", "\n".repeat(mib)),
+            format!("<think>{}</think>", "a ".repeat(mib / 2)),
+            format!("text{}", " ".repeat(mib)),
+            format!("<tool_call>{}", " ".repeat(mib)),
+            format!("<tool_call>{{\"name\": \"noop\", \"arguments\": {{\"x\": \"{}", "a".repeat(mib)),
+            format!("<tool_call><function=get_weather><parameter=city>{}", "a".repeat(mib)),
+            format!("<tool_call><function=get_weather>{}", " \n".repeat(mib / 2)),
+            "<tool_call>x".repeat(mib / 12),
+            "<tool_call>{\"name\": \"noop\"}</tool_call>".repeat(mib / 36),
+            "<function=noop></function>".repeat(mib / 26),
+            format!("<tool_call><function=noop>{}", "<".repeat(mib)),
+        ];
+        for text in &texts {
+            for think in [false, true] {
+                let t = std::time::Instant::now();
+                let one = parse_all(text, think, Some(tools()), "call_");
+                let mut p = OutputParser::new(think, Some(tools()), "call_");
+                let mut streamed = Parsed::default();
+                let mut rest = text.as_str();
+                while !rest.is_empty() {
+                    let mut cut = rest.len().min(3);
+                    while !rest.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    for d in p.push(&rest[..cut]) {
+                        streamed.add(&d);
+                    }
+                    rest = &rest[cut..];
+                }
+                for d in p.finish() {
+                    streamed.add(&d);
+                }
+                let took = t.elapsed();
+                assert_eq!(streamed, one, "{:?}…", &text[..40]);
+                assert!(took.as_secs_f64() < 3.0, "{:?}… took {took:?}", &text[..40]);
+            }
+        }
     }
 }

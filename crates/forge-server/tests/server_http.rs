@@ -511,3 +511,46 @@ fn terminal_chat_on_the_same_engine() {
     assert_eq!(stats.len(), 2, "{err}");
     assert!(stats[0].contains("answer 7 tokens") && stats[0].contains("tok/s"), "{err}");
 }
+
+#[test]
+fn a_body_claiming_one_gib_is_refused_with_an_openai_error() {
+    use std::io::{Read, Write};
+    let (s, _g) = server();
+    let limit = s.app.max_body;
+    assert_eq!(limit, forge_server::server::body_limit(CTX));
+    let mut stream = std::net::TcpStream::connect(addr()).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n",
+        1u64 << 30
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    // Send the body as a client would, until the server answers and stops reading.
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let chunk = vec![b' '; 64 << 10];
+        let mut sent = 0usize;
+        while sent < 1 << 30 {
+            match writer.write(&chunk) {
+                Ok(n) if n > 0 => sent += n,
+                _ => break,
+            }
+        }
+        sent
+    });
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    let sent = sender.join().unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+    let e: Json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(e["error"]["code"], "request_too_large", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    // Refused after about the limit, not after the gigabyte (socket buffers hold a few MiB).
+    assert!(sent < limit + (32 << 20), "sent {sent} bytes for a limit of {limit}");
+    // Still serving.
+    assert_eq!(content(&chat(json!({"messages": user(FRANCE), "temperature": 0})).json()), PARIS);
+}
