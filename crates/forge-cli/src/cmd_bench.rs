@@ -41,6 +41,15 @@ pub struct Args {
     shape: String,
     #[arg(long)]
     json: bool,
+    /// With --lookup or --draft: the prompt, as a user turn when the model has a chat
+    /// template (default: --prompt-tokens synthetic ids).
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Option<std::path::PathBuf>,
+    /// Time one forward over N new tokens (a speculative verification) against one decode step.
+    #[arg(long, value_name = "N")]
+    verify_tokens: Option<usize>,
+    #[command(flatten)]
+    spec: crate::spec_args::SpecArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -52,6 +61,20 @@ pub fn run(a: Args) -> Result<()> {
     let path = crate::cmd_bundle::resolve(&a.model)?;
     let loaded = forge_model::load::load(&path)?;
     let model = &loaded.model;
+    if let Some(n) = a.verify_tokens {
+        return crate::bench_spec::verify_cost(&path, model, n, a.prompt_tokens, a.repeats, a.json);
+    }
+    if a.spec.enabled() {
+        let b = crate::bench_spec::SpecBench {
+            spec: &a.spec,
+            prompt_file: a.prompt_file.as_deref(),
+            prompt_tokens: a.prompt_tokens,
+            gen_tokens: a.gen_tokens,
+            repeats: a.repeats,
+            json: a.json,
+        };
+        return crate::bench_spec::speculative(&path, &loaded, &b);
+    }
     let t0 = Instant::now();
     for l in model.linears() {
         l.prepare();

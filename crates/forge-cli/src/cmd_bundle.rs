@@ -265,14 +265,14 @@ fn write_notice(stage: &Path, name: &str, identity: &Value) -> Result<()> {
     forge_core::fsutil::write_atomic(&stage.join("NOTICE.md"), text.as_bytes())
 }
 
-struct Fingerprint {
-    sha256: String,
-    vocab: usize,
-    specials: Vec<u32>,
+pub(crate) struct Fingerprint {
+    pub sha256: String,
+    pub vocab: usize,
+    pub specials: Vec<u32>,
 }
 
 /// The tokenizer's identity: every id's token string and the special ids, hashed.
-fn tokenizer_fingerprint(model: &Path) -> Result<Fingerprint> {
+pub(crate) fn tokenizer_fingerprint(model: &Path) -> Result<Fingerprint> {
     let path = if is_export(model) { Export::open(model)?.source()? } else { model.to_path_buf() };
     let (ck, _) = Checkpoint::open(&path)?;
     let tok = match forge_model::load::load_tokenizer(&ck) {

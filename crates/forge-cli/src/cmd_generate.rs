@@ -1,16 +1,25 @@
-use anyhow::{Context, Result};
+use crate::spec_args::SpecArgs;
+use anyhow::{bail, Context, Result};
 use forge_core::tokenizer::StreamDecoder;
-use forge_model::generate::generate;
+use forge_model::generate::generate_with;
 use forge_model::sampling::{Sampler, SamplingParams};
 use std::io::Write;
+use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Model: Hugging Face directory, GGUF file, Forge export, or a short name (smollm2).
     #[arg(long, default_value = "smollm2")]
     model: String,
-    #[arg(long)]
-    prompt: String,
+    #[arg(long, required_unless_present = "prompt_ids", conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// The prompt as token ids (whitespace- or comma-separated, as `forge logits --tokens`):
+    /// models without a tokenizer can be decoded.
+    #[arg(long, value_name = "FILE")]
+    prompt_ids: Option<PathBuf>,
+    /// Write the generated token ids to FILE (one line, space-separated).
+    #[arg(long, value_name = "FILE")]
+    output_ids: Option<PathBuf>,
     /// Wrap the prompt as a user turn with the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -30,39 +39,84 @@ pub struct Args {
     min_p: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let path = crate::cmd_bundle::resolve(&a.model)?;
+    let spec = a.spec.config()?;
     let loaded = forge_model::load::load(&path)?;
-    let tok = loaded.tokenizer()?;
-    let text = if a.chat {
-        let tpl = loaded.template.as_ref().with_context(|| format!("{}: no chat template", path.display()))?;
-        let mut msgs = Vec::new();
-        if let Some(s) = &a.system {
-            msgs.push(serde_json::json!({"role": "system", "content": s}));
+    let draft = a.spec.load_draft(&path)?;
+    let vocab = loaded.model.cfg.vocab_size;
+    let (prompt, tok) = match (&a.prompt_ids, &a.prompt) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("{}: cannot read", f.display()))?;
+            let ids = crate::cmd_logits::parse_tokens(&text, f)?;
+            if ids.is_empty() {
+                bail!("{}: no token ids", f.display());
+            }
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                bail!("{}: token id {bad} is out of range for vocabulary size {vocab}", f.display());
+            }
+            (ids, loaded.tokenizer().ok())
         }
-        msgs.push(serde_json::json!({"role": "user", "content": a.prompt}));
-        tpl.render(&serde_json::Value::Array(msgs), None, true, &serde_json::Map::new())?
-    } else {
-        a.prompt.clone()
+        (None, Some(p)) => {
+            let tok = loaded.tokenizer()?;
+            let text = if a.chat {
+                let tpl = loaded.template.as_ref().with_context(|| format!("{}: no chat template", path.display()))?;
+                let mut msgs = Vec::new();
+                if let Some(s) = &a.system {
+                    msgs.push(serde_json::json!({"role": "system", "content": s}));
+                }
+                msgs.push(serde_json::json!({"role": "user", "content": p}));
+                tpl.render(&serde_json::Value::Array(msgs), None, true, &serde_json::Map::new())?
+            } else {
+                p.clone()
+            };
+            // A chat template writes its own BOS when it wants one.
+            (tok.encode(&text, tok.add_bos() && !a.chat)?, Some(tok))
+        }
+        (None, None) => bail!("give --prompt or --prompt-ids"),
     };
-    // A chat template writes its own BOS when it wants one.
-    let prompt = tok.encode(&text, tok.add_bos() && !a.chat)?;
     let params =
         SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed: a.seed };
+    let kv = forge_model::session::kv_dtype();
+    let drafter = a.spec.drafter(draft.as_ref().map(|d| &d.model), &params, vocab, kv);
     let mut sampler = Sampler::new(params);
     let mut session = loaded.model.new_session();
-    let mut dec = StreamDecoder::new(tok);
+    let mut dec = tok.map(StreamDecoder::new);
     let mut out = std::io::stdout().lock();
-    let stats = generate(&loaded.model, &mut session, &prompt, a.max_tokens, &mut sampler, tok.stop_ids(), |t| {
-        let s = dec.push(t)?;
-        out.write_all(s.as_bytes())?;
-        out.flush()?;
-        Ok(true)
-    })?;
-    let rest = dec.finish()?;
+    let mut ids = Vec::new();
+    let stop_ids = tok.map_or(&[][..], |t| t.stop_ids());
+    let stats = generate_with(
+        &loaded.model,
+        &mut session,
+        &prompt,
+        a.max_tokens,
+        &mut sampler,
+        stop_ids,
+        drafter,
+        spec,
+        |t| {
+            ids.push(t);
+            match dec.as_mut() {
+                Some(d) => out.write_all(d.push(t)?.as_bytes())?,
+                None => write!(out, "{t} ")?,
+            }
+            out.flush()?;
+            Ok(true)
+        },
+    )?;
+    let rest = match dec.as_mut() {
+        Some(d) => d.finish()?,
+        None => String::new(),
+    };
     writeln!(out, "{rest}")?;
+    if let Some(f) = &a.output_ids {
+        let line = ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" ");
+        forge_core::fsutil::write_atomic(f, format!("{line}\n").as_bytes())?;
+    }
     eprintln!(
         "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | threads {}",
         stats.prompt_tokens,
@@ -71,5 +125,17 @@ pub fn run(a: Args) -> Result<()> {
         stats.decode_tok_s(),
         rayon::current_num_threads()
     );
+    if a.spec.enabled() {
+        let s = &stats.spec;
+        eprintln!(
+            "speculative: drafted {}, accepted {} ({:.1} %), {:.2} tokens per verify, {} verifies, {} plain steps",
+            s.drafted,
+            s.accepted,
+            100.0 * s.acceptance_rate(),
+            s.tokens_per_verify(),
+            s.verifies,
+            s.plain_steps
+        );
+    }
     Ok(())
 }

@@ -1,7 +1,7 @@
 mod agent_config;
 
 use anyhow::{bail, Result};
-use forge_server::engine::EngineConfig;
+use forge_server::engine::{EngineConfig, Speculation};
 use forge_server::request::Overrides;
 use forge_server::{App, ServerConfig};
 
@@ -48,6 +48,8 @@ pub struct EngineArgs {
     /// End generation when the last N tokens are one short block repeated (0 = off).
     #[arg(long, default_value_t = 256)]
     pub loop_guard: usize,
+    #[command(flatten)]
+    pub spec: crate::spec_args::SpecArgs,
 }
 
 impl EngineArgs {
@@ -59,11 +61,26 @@ impl EngineArgs {
     ) -> Result<std::sync::Arc<App>> {
         let path = crate::cmd_bundle::resolve(&self.model)?;
         let loaded = forge_model::load::load(&path)?;
+        let spec = self.spec.config()?;
+        let draft = self.spec.load_draft(&path)?.map(|d| d.model);
+        let speculation = if self.spec.lookup {
+            Speculation::Lookup { min_n: self.spec.lookup_min, max_n: self.spec.lookup_max }
+        } else if draft.is_some() {
+            Speculation::Draft(forge_model::session::kv_dtype())
+        } else {
+            Speculation::Off
+        };
         let model_id = model_name.unwrap_or_else(|| reported_id(&self.model, &path));
         let cfg = ServerConfig {
             api_key,
             model_id,
-            engine: EngineConfig { ctx: self.ctx, cache_bytes: self.cache_mb << 20, ..EngineConfig::default() },
+            engine: EngineConfig {
+                ctx: self.ctx,
+                cache_bytes: self.cache_mb << 20,
+                speculation,
+                spec,
+                ..EngineConfig::default()
+            },
             overrides: Overrides {
                 think: self.think.then_some(true),
                 temperature: self.temperature,
@@ -78,7 +95,7 @@ impl EngineArgs {
             },
             test_hooks,
         };
-        App::new(loaded, cfg)
+        App::with_draft(loaded, draft, cfg)
     }
 
     /// The id `/v1/models` will report, found without loading, fetching or verifying the model.

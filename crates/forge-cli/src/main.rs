@@ -1,5 +1,6 @@
 //! `forge`: quantize, evaluate and run LLMs on CPUs.
 
+mod bench_spec;
 mod cmd_bench;
 mod cmd_bundle;
 mod cmd_calib;
@@ -15,6 +16,7 @@ mod cmd_logits;
 mod cmd_quantize;
 mod cmd_serve;
 mod cmd_synth;
+mod spec_args;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -10,7 +10,7 @@ use forge_core::tensor::FloatSlice;
 /// Weight rows per parallel task.
 const ROW_BLOCK: usize = 64;
 /// From this many input rows on, use the blocked GEMM.
-const GEMM_MIN_ROWS: usize = 6;
+const GEMM_MIN_ROWS: usize = 9;
 
 /// A matrix that can hand out rows `r0..r0+n` as f32 (borrowed when stored as f32, else
 /// decoded into `buf`). Blocks start at multiples of 64 rows.

@@ -1,8 +1,9 @@
 //! Autoregressive generation on one session.
 
 use crate::model::{Logits, Model};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, SamplingParams};
 use crate::session::Session;
+use crate::speculative::{Decoder, Drafter, SpecConfig, SpecStats};
 use anyhow::Result;
 use std::time::Instant;
 
@@ -14,6 +15,8 @@ pub struct GenStats {
     pub decode_s: f64,
     /// The stop id that ended the generation (`None`: `max_tokens` reached or `on_token` stopped it).
     pub stop_id: Option<u32>,
+    /// Drafting and verification (all zero without a drafter).
+    pub spec: SpecStats,
 }
 
 impl GenStats {
@@ -35,6 +38,23 @@ pub fn generate(
     max_tokens: usize,
     sampler: &mut Sampler,
     stop_ids: &[u32],
+    on_token: impl FnMut(u32) -> Result<bool>,
+) -> Result<GenStats> {
+    generate_with(model, session, prompt, max_tokens, sampler, stop_ids, None, SpecConfig::default(), on_token)
+}
+
+/// [`generate`] with a drafter: speculative decoding, the same tokens (greedy) or the same
+/// distribution (sampling) as without.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with<'a>(
+    model: &'a Model,
+    session: &'a mut Session,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    stop_ids: &[u32],
+    drafter: Option<Box<dyn Drafter + 'a>>,
+    spec: SpecConfig,
     mut on_token: impl FnMut(u32) -> Result<bool>,
 ) -> Result<GenStats> {
     let mut st = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
@@ -42,21 +62,33 @@ pub fn generate(
         return Ok(st);
     }
     let t0 = Instant::now();
-    let mut logits = model.forward(session, prompt, Logits::Last)?;
+    let logits = model.forward(session, prompt, Logits::Last)?;
     st.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    for i in 0..max_tokens {
-        let tok = sampler.sample(&logits);
-        if stop_ids.contains(&tok) {
-            st.stop_id = Some(tok);
-            break;
+    let params: SamplingParams = sampler.params.clone();
+    let own = std::mem::replace(sampler, Sampler::new(params));
+    let mut dec =
+        Decoder::new(model, session, prompt.to_vec(), logits, own).with_drafter(drafter, spec).with_budget(max_tokens);
+    let r = (|| {
+        for i in 0..max_tokens {
+            let tok = dec.next_token()?;
+            if stop_ids.contains(&tok) {
+                dec.unread();
+                st.stop_id = Some(tok);
+                break;
+            }
+            st.generated_tokens += 1;
+            if !on_token(tok)? || i + 1 == max_tokens {
+                break;
+            }
         }
-        st.generated_tokens += 1;
-        if !on_token(tok)? || i + 1 == max_tokens {
-            break;
-        }
-        model.forward_into(session, &[tok], Logits::Last, &mut logits)?;
-    }
+        Ok::<_, anyhow::Error>(())
+    })();
+    st.spec = dec.stats.clone();
+    let stats_sampler = std::mem::replace(&mut dec.sampler, Sampler::new(SamplingParams::default()));
+    *sampler = stats_sampler;
+    dec.finish()?;
+    r?;
     st.decode_s = t1.elapsed().as_secs_f64();
     Ok(st)
 }

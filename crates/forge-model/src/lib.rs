@@ -9,6 +9,7 @@ pub mod model;
 pub mod profile;
 pub mod sampling;
 pub mod session;
+pub mod speculative;
 
 pub use linear::Linear;
 pub use model::{Logits, Model};

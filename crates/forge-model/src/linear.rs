@@ -6,7 +6,8 @@
 use anyhow::Result;
 use forge_core::tensor::HostTensor;
 use forge_kernels::lut::{Int8Matrix, LutMatrix};
-use forge_kernels::lutmm::{dense::matmul_half, fast_path, PackedMatrix, MAX_SHARED};
+use forge_kernels::lutmm::dense::{matmul_half, MAX_DENSE_T};
+use forge_kernels::lutmm::{fast_path, PackedMatrix, MAX_SHARED};
 use forge_kernels::matmul::{matmul_rows, matmul_xwt, RowSource};
 use forge_kernels::scratch::Buf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -241,7 +242,7 @@ impl Linear {
         match &self.weight {
             Weight::Dense(w) => {
                 let ws = w.floats()?;
-                if !(fast_path() && matmul_half(xin, t, ws, self.out_f, self.in_f, y)) {
+                if !(fast_path() && dense_half(xin, t, ws, self.out_f, self.in_f, y)) {
                     matmul_xwt(xin, t, ws, self.out_f, self.in_f, y)
                 }
             }
@@ -430,6 +431,32 @@ impl InputRotation for forge_kernels::rotation::Rotation {
     fn key(&self) -> [u64; 3] {
         [self.dim as u64, self.block as u64, self.seed]
     }
+}
+
+/// [`matmul_half`] for up to [`crate::model::VERIFY_MAX_ROWS`] rows in pieces of the few rows it
+/// takes at once, whose rows it computes each alone: a verify pass's rows then get the bits
+/// decoding gives them. False where the kernel does not run (the caller falls back).
+fn dense_half(
+    x: &[f32],
+    t: usize,
+    w: forge_core::tensor::FloatSlice,
+    n_out: usize,
+    n_in: usize,
+    y: &mut [f32],
+) -> bool {
+    if t <= MAX_DENSE_T || t > crate::model::VERIFY_MAX_ROWS {
+        return matmul_half(x, t, w, n_out, n_in, y);
+    }
+    let mut r0 = 0;
+    while r0 < t {
+        let n = (t - r0).min(MAX_DENSE_T);
+        if !matmul_half(&x[r0 * n_in..(r0 + n) * n_in], n, w, n_out, n_in, &mut y[r0 * n_out..(r0 + n) * n_out]) {
+            // Only the first piece can refuse (the kernel's checks do not depend on the rows).
+            return false;
+        }
+        r0 += n;
+    }
+    true
 }
 
 #[cfg(test)]

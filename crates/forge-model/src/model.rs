@@ -55,6 +55,11 @@ use forge_kernels::team::{par_chunks2_mut, par_chunks_mut, with_team, PairTask};
 /// Gated DeltaNet chunk length for prefill (as transformers and FLA).
 pub const DELTANET_CHUNK: usize = 64;
 
+/// Rows up to which a forward pass gives each row the same bits as decoding it alone (one row
+/// per call): the dense products stay on their few-row path and DeltaNet layers step their
+/// recurrence row by row. Speculative verification feeds at most this many rows.
+pub const VERIFY_MAX_ROWS: usize = 8;
+
 pub struct Attention {
     pub q: Linear,
     pub k: Linear,
@@ -320,6 +325,52 @@ impl Model {
         Ok(())
     }
 
+    /// Ends the speculative pass opened by [`Session::begin_speculation`], keeping its first
+    /// `keep` tokens: attention layers drop the later rows, DeltaNet layers go back to their
+    /// state at the start of the pass and replay the kept rows from the journal (through the
+    /// same row-by-row recurrence, so the state equals that of a session that only ever saw
+    /// the kept tokens).
+    pub fn commit(&self, s: &mut Session, keep: usize) -> Result<()> {
+        let Some(start) = s.spec_start.take() else { bail!("commit without an open speculative pass") };
+        let fed = s.pos - start;
+        anyhow::ensure!(keep <= fed, "cannot keep {keep} of the {fed} tokens fed in this pass");
+        for (layer, st) in self.layers.iter().zip(&mut s.layers) {
+            match (&layer.mixer, st) {
+                (_, LayerState::Attn(cache)) => cache.truncate(start + keep),
+                (Mixer::DeltaNet(d), LayerState::Delta(st)) => {
+                    let mut j = std::mem::take(&mut st.journal);
+                    if keep < j.rows {
+                        st.conv.copy_from_slice(&j.conv0);
+                        st.rec.copy_from_slice(&j.rec0);
+                        if keep > 0 {
+                            let c = self.cfg.deltanet.as_ref().expect("DeltaNet layer without deltanet config");
+                            let (cd, nv, vd) = (c.conv_dim(), c.num_v_heads, c.value_dim());
+                            // Replayed in passes of at most VERIFY_MAX_ROWS, the rows a pass steps
+                            // one by one.
+                            for r0 in (0..keep).step_by(VERIFY_MAX_ROWS) {
+                                let n = (keep - r0).min(VERIFY_MAX_ROWS);
+                                self.deltanet_core(
+                                    d,
+                                    st,
+                                    &j.mixed[r0 * cd..(r0 + n) * cd],
+                                    &j.z[r0 * vd..(r0 + n) * vd],
+                                    &j.b[r0 * nv..(r0 + n) * nv],
+                                    &j.a[r0 * nv..(r0 + n) * nv],
+                                    n,
+                                );
+                            }
+                        }
+                    }
+                    j.clear();
+                    st.journal = j;
+                }
+                _ => bail!("session does not match the model"),
+            }
+        }
+        s.pos = start + keep;
+        Ok(())
+    }
+
     /// Final norm and head over `n` hidden rows.
     pub fn logits(&self, rows: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut out = Vec::new();
@@ -519,9 +570,7 @@ impl Model {
 
     fn deltanet(&self, d: &DeltaNet, st: &mut DeltaState, hbuf: &[f32], t: usize) -> Result<Buf> {
         let c: &DeltaNetConfig = self.cfg.deltanet.as_ref().unwrap();
-        let (cd, kern) = (c.conv_dim(), c.conv_kernel);
-        let (nk, nv, dk, dv) = (c.num_k_heads, c.num_v_heads, c.k_head_dim, c.v_head_dim);
-        let (kd, vd) = (c.key_dim(), c.value_dim());
+        let (cd, nv, vd) = (c.conv_dim(), c.num_v_heads, c.value_dim());
         let (mut mixed, mut z, mut b, mut a) = (
             Buf::for_overwrite(t * cd),
             Buf::for_overwrite(t * vd),
@@ -534,12 +583,35 @@ impl Model {
             t,
             &mut [&mut mixed, &mut z, &mut b, &mut a],
         )?;
+        st.journal.record(t, &mixed, &z, &b, &a);
+        let out = self.deltanet_core(d, st, &mixed, &z, &b, &a, t);
+        d.out.forward_buf(&out, t)
+    }
+
+    /// A DeltaNet's token mixing after its input projections: conv, delta rule, gated norm, for
+    /// `t` rows of the projections (`mixed`, `z`, `b`, `a`), advancing `st`. Its output is the
+    /// input of `out_proj`.
+    #[allow(clippy::too_many_arguments)]
+    fn deltanet_core(
+        &self,
+        d: &DeltaNet,
+        st: &mut DeltaState,
+        mixed: &[f32],
+        z: &[f32],
+        b: &[f32],
+        a: &[f32],
+        t: usize,
+    ) -> Buf {
+        let c: &DeltaNetConfig = self.cfg.deltanet.as_ref().unwrap();
+        let (cd, kern) = (c.conv_dim(), c.conv_kernel);
+        let (nk, nv, dk, dv) = (c.num_k_heads, c.num_v_heads, c.k_head_dim, c.v_head_dim);
+        let (kd, vd) = (c.key_dim(), c.value_dim());
         let mut timer = crate::profile::start();
         // Causal depthwise conv over [state (kernel−1 rows) | new rows], then SiLU.
         let hist = kern - 1;
         let mut full = Buf::for_overwrite((hist + t) * cd);
         full[..hist * cd].copy_from_slice(&st.conv);
-        full[hist * cd..].copy_from_slice(&mixed);
+        full[hist * cd..].copy_from_slice(mixed);
         let mut conv = Buf::for_overwrite(t * cd);
         // Flat index `f` of `conv` is row `f / cd`, channel `f % cd`. Decode has one row, so the
         // work is split over channels, not rows: a row of the 27B shape is 10240 channels, each
@@ -595,8 +667,14 @@ impl Model {
                 beta[i] = sigmoid(b[i * nv + hv]);
                 g[i] = -d.a_log[hv].exp() * softplus(a[i * nv + hv] + d.dt_bias[hv]);
             }
-            if t == 1 {
-                deltanet::recurrent_step(state, q, k, v, g[0], beta[0], o);
+            if t <= VERIFY_MAX_ROWS {
+                // Row by row, as decode runs them: a verify pass then gives every row the bits
+                // decoding would (exact greedy speculation), and a journal replay the same state.
+                for i in 0..t {
+                    let (qi, ki) = (&q[i * dk..(i + 1) * dk], &k[i * dk..(i + 1) * dk]);
+                    let (vi, oi) = (&v[i * dv..(i + 1) * dv], &mut o[i * dv..(i + 1) * dv]);
+                    deltanet::recurrent_step(state, qi, ki, vi, g[i], beta[i], oi);
+                }
             } else {
                 deltanet::chunked(state, q, k, v, g, beta, dk, dv, DELTANET_CHUNK, o);
             }
@@ -628,7 +706,7 @@ impl Model {
             }
         }
         timer.stop(crate::profile::Part::DeltaNetCore);
-        d.out.forward_buf(&core, t)
+        core
     }
 
     /// Mutable access to every linear layer of layer `l` (mixer first, execution order).

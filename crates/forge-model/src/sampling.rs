@@ -66,27 +66,76 @@ impl Sampler {
 
     /// Pick the next token from raw logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        if p.temperature <= 0.0 || p.top_k == 1 {
+        if self.is_greedy() {
             return argmax(logits);
         }
-        let (cand, probs) = (&mut self.cand, &mut self.probs);
+        self.rank(logits);
+        draw(&self.cand, &mut self.probs, &self.params, &mut self.rng)
+    }
+
+    /// The top-k candidates into `cand`, highest logit first; ties broken by id so the order is
+    /// deterministic (a total order: partitioning off the top k and sorting those gives the
+    /// same list as a full sort).
+    fn rank(&mut self, logits: &[f32]) {
+        let (cand, top_k) = (&mut self.cand, self.params.top_k);
         cand.clear();
         cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        // Highest logit first; ties broken by id so the order is deterministic (a total order:
-        // partitioning off the top k and sorting those gives the same list as a full sort).
         let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, order);
-            cand.truncate(p.top_k);
+        if top_k > 0 && top_k < cand.len() {
+            cand.select_nth_unstable_by(top_k - 1, order);
+            cand.truncate(top_k);
         }
         cand.sort_unstable_by(order);
-        draw(cand, probs, p, &mut self.rng)
     }
 }
 
-/// Softmax at the temperature over the ordered candidates, min-p and top-p cuts, then one draw.
-fn draw(cand: &[(u32, f32)], probs: &mut Vec<f64>, p: &SamplingParams, rng: &mut Rng) -> u32 {
+/// A distribution over token ids: each kept candidate and its probability (summing to 1), the
+/// most likely first.
+pub type Dist = Vec<(u32, f64)>;
+
+impl Sampler {
+    /// Whether every draw is the argmax (temperature 0 or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 || self.params.top_k == 1
+    }
+
+    /// The distribution [`Sampler::sample`] draws from for `logits` (one-hot at the argmax when
+    /// greedy), into `out`: speculative decoding's target and draft distributions.
+    pub fn dist_into(&mut self, logits: &[f32], out: &mut Dist) {
+        out.clear();
+        if self.is_greedy() {
+            out.push((argmax(logits), 1.0));
+            return;
+        }
+        self.rank(logits);
+        let (cand, p) = (&self.cand, &self.params);
+        let keep = kept(cand, &mut self.probs, p);
+        let total: f64 = self.probs[..keep].iter().sum();
+        out.extend(cand[..keep].iter().zip(&self.probs[..keep]).map(|(c, &x)| (c.0, x / total)));
+    }
+
+    /// One draw from `dist` (which need not be normalized; an empty one gives 0).
+    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+        let total: f64 = dist.iter().map(|d| d.1).sum();
+        let mut r = self.rng.next_f64() * total;
+        for &(id, x) in dist {
+            r -= x;
+            if r < 0.0 {
+                return id;
+            }
+        }
+        dist.iter().rev().find(|d| d.1 > 0.0).or(dist.last()).map_or(0, |d| d.0)
+    }
+
+    /// Uniform in [0, 1) from the sampler's stream (speculative acceptance tests).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+}
+
+/// Softmax at the temperature over the ordered candidates into `probs`, then the min-p and
+/// top-p cuts: how many candidates stay.
+fn kept(cand: &[(u32, f32)], probs: &mut Vec<f64>, p: &SamplingParams) -> usize {
     let m = cand[0].1;
     probs.clear();
     probs.extend(cand.iter().map(|c| (((c.1 - m) / p.temperature) as f64).exp()));
@@ -107,6 +156,12 @@ fn draw(cand: &[(u32, f32)], probs: &mut Vec<f64>, p: &SamplingParams, rng: &mut
             }
         }
     }
+    keep
+}
+
+/// Softmax at the temperature over the ordered candidates, min-p and top-p cuts, then one draw.
+fn draw(cand: &[(u32, f32)], probs: &mut Vec<f64>, p: &SamplingParams, rng: &mut Rng) -> u32 {
+    let keep = kept(cand, probs, p);
     let total: f64 = probs[..keep].iter().sum();
     let mut r = rng.next_f64() * total;
     for (i, &x) in probs[..keep].iter().enumerate() {
@@ -244,5 +299,49 @@ mod tests {
         assert!((0..500).all(|_| s.sample(&logits) < 2));
         let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 1 });
         assert!((0..500).all(|_| s.sample(&logits) == 0));
+    }
+
+    #[test]
+    fn dist_is_the_distribution_sample_draws_from() {
+        let logits = [0.0f32, 2.0, 1.0, -1.0, 1.0];
+        let p = |top_k, top_p, min_p| SamplingParams { temperature: 1.0, top_k, top_p, min_p, seed: 3 };
+        let mut d = Dist::new();
+        // Top 3 of 5 (ties by id: 2 before 4), softmax over them.
+        Sampler::new(p(3, 1.0, 0.0)).dist_into(&logits, &mut d);
+        let z = 2f64.exp() + 2.0 * 1f64.exp();
+        let want = [(1, 2f64.exp() / z), (2, 1f64.exp() / z), (4, 1f64.exp() / z)];
+        assert_eq!(d.len(), 3);
+        for (g, w) in d.iter().zip(want) {
+            assert_eq!(g.0, w.0);
+            assert!((g.1 - w.1).abs() < 1e-12, "{g:?} vs {w:?}");
+        }
+        // top-p 0.6 keeps the first two (0.576 < 0.6 ≤ 0.788), renormalized; min-p 0.5 keeps
+        // those at least half the best (e¹/e² < 0.5: the best alone).
+        Sampler::new(p(3, 0.6, 0.0)).dist_into(&logits, &mut d);
+        assert_eq!(d.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2]);
+        assert!((d.iter().map(|e| e.1).sum::<f64>() - 1.0).abs() < 1e-12);
+        Sampler::new(p(0, 1.0, 0.5)).dist_into(&logits, &mut d);
+        assert_eq!(d, [(1, 1.0)]);
+        // Greedy: one-hot at the argmax.
+        Sampler::new(SamplingParams { temperature: 0.0, ..p(3, 1.0, 0.0) }).dist_into(&logits, &mut d);
+        assert_eq!(d, [(1, 1.0)]);
+        // Draws from it follow it: 20,000 draws, each frequency within 4.5 standard deviations
+        // (false-alarm rate under 1e-5 per id).
+        let mut s = Sampler::new(p(3, 1.0, 0.0));
+        s.dist_into(&logits, &mut d);
+        let n = 20_000;
+        let mut counts = [0usize; 5];
+        for _ in 0..n {
+            counts[s.draw(&d) as usize] += 1;
+        }
+        for &(id, q) in &d {
+            let sd = (n as f64 * q * (1.0 - q)).sqrt();
+            assert!(
+                (counts[id as usize] as f64 - n as f64 * q).abs() < 4.5 * sd,
+                "id {id}: {} of {n}",
+                counts[id as usize]
+            );
+        }
+        assert_eq!(counts[0] + counts[3], 0);
     }
 }

@@ -297,6 +297,53 @@ pub struct DeltaState {
     pub conv: Vec<f32>,
     /// `num_v_heads × k_head_dim × v_head_dim` recurrent state.
     pub rec: Vec<f32>,
+    /// What a speculative pass needs to roll this layer back (see [`Session::begin_speculation`]).
+    pub journal: DeltaJournal,
+}
+
+/// A DeltaNet layer's record of a speculative pass: its state when the pass began and the rows
+/// of its input projections since, from which the state after any prefix of those rows is
+/// rebuilt exactly (the rows are replayed through the same row-by-row recurrence). Emptied, not
+/// freed, when the pass ends: its buffers serve the next pass, and a cloned session copies no
+/// stale rows.
+#[derive(Clone, Debug, Default)]
+pub struct DeltaJournal {
+    pub active: bool,
+    pub conv0: Vec<f32>,
+    pub rec0: Vec<f32>,
+    pub mixed: Vec<f32>,
+    pub z: Vec<f32>,
+    pub b: Vec<f32>,
+    pub a: Vec<f32>,
+    pub rows: usize,
+}
+
+impl DeltaJournal {
+    /// Appends `t` rows of the input projections while a pass is open.
+    pub fn record(&mut self, t: usize, mixed: &[f32], z: &[f32], b: &[f32], a: &[f32]) {
+        if self.active {
+            self.mixed.extend_from_slice(mixed);
+            self.z.extend_from_slice(z);
+            self.b.extend_from_slice(b);
+            self.a.extend_from_slice(a);
+            self.rows += t;
+        }
+    }
+
+    fn open(&mut self, conv: &[f32], rec: &[f32]) {
+        self.clear();
+        self.active = true;
+        self.conv0.extend_from_slice(conv);
+        self.rec0.extend_from_slice(rec);
+    }
+
+    pub fn clear(&mut self) {
+        self.active = false;
+        self.rows = 0;
+        for v in [&mut self.conv0, &mut self.rec0, &mut self.mixed, &mut self.z, &mut self.b, &mut self.a] {
+            v.clear();
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -310,6 +357,8 @@ pub struct Session {
     /// Number of tokens already processed.
     pub pos: usize,
     pub layers: Vec<LayerState>,
+    /// Where the open speculative pass began (`None`: none is open).
+    pub spec_start: Option<usize>,
 }
 
 impl Session {
@@ -329,11 +378,12 @@ impl Session {
                     LayerState::Delta(DeltaState {
                         conv: written_zeros((d.conv_kernel - 1) * d.conv_dim()),
                         rec: written_zeros(d.num_v_heads * d.k_head_dim * d.v_head_dim),
+                        journal: DeltaJournal::default(),
                     })
                 }
             })
             .collect();
-        Session { pos: 0, layers }
+        Session { pos: 0, layers, spec_start: None }
     }
 
     /// Set aside KV cache room for `more` positions past the current ones, so that decoding up
@@ -346,13 +396,31 @@ impl Session {
         }
     }
 
+    /// Opens a speculative pass: the tokens fed from here on can be taken back, all or some,
+    /// by [`crate::Model::commit`]. Attention layers need nothing (their rows are dropped);
+    /// each DeltaNet layer keeps its state as of now and journals its input rows. An open pass
+    /// is committed whole first.
+    pub fn begin_speculation(&mut self) {
+        self.spec_start = Some(self.pos);
+        for l in &mut self.layers {
+            if let LayerState::Delta(d) = l {
+                d.journal.open(&d.conv, &d.rec);
+            }
+        }
+    }
+
     /// Bytes held by caches and states.
     pub fn state_bytes(&self) -> usize {
         self.layers
             .iter()
             .map(|l| match l {
                 LayerState::Attn(c) => c.capacity_bytes(),
-                LayerState::Delta(d) => (d.conv.len() + d.rec.len()) * 4,
+                LayerState::Delta(d) => {
+                    let j = &d.journal;
+                    let journal =
+                        [&j.conv0, &j.rec0, &j.mixed, &j.z, &j.b, &j.a].iter().map(|v| v.capacity()).sum::<usize>();
+                    (d.conv.len() + d.rec.len() + journal) * 4
+                }
             })
             .sum()
     }

@@ -13,7 +13,9 @@ use crate::penalties::{log_softmax, loop_detected, top_n, Penalties};
 use anyhow::{Context, Result};
 use forge_core::tokenizer::{StreamDecoder, Tokenizer};
 use forge_model::sampling::{Sampler, SamplingParams};
-use forge_model::{Logits, Model};
+use forge_model::session::KvDtype;
+use forge_model::speculative::{Decoder, Drafter, LookupDrafter, ModelDrafter, SpecConfig, SpecStats};
+use forge_model::Model;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -31,11 +33,33 @@ pub struct EngineConfig {
     pub prefill_chunk: usize,
     /// Jobs waiting beyond this are refused (the client gets 429 and may retry).
     pub max_queue: usize,
+    /// How requests decode speculatively (a request may opt out).
+    pub speculation: Speculation,
+    pub spec: SpecConfig,
+}
+
+/// The server's drafter.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Speculation {
+    #[default]
+    Off,
+    /// Prompt lookup over n-grams of `min_n..=max_n` tokens.
+    Lookup { min_n: usize, max_n: usize },
+    /// The draft model given to [`Engine::start_with_draft`], its KV cache of this type.
+    Draft(KvDtype),
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { ctx: 4096, cache_bytes: 1 << 30, cache_entries: 16, prefill_chunk: 512, max_queue: 256 }
+        EngineConfig {
+            ctx: 4096,
+            cache_bytes: 1 << 30,
+            cache_entries: 16,
+            prefill_chunk: 512,
+            max_queue: 256,
+            speculation: Speculation::Off,
+            spec: SpecConfig::default(),
+        }
     }
 }
 
@@ -57,6 +81,8 @@ pub struct GenParams {
     pub loop_guard: usize,
     /// Test hook: emit exactly these tokens (run through the model like sampled ones), then stop.
     pub forced_output: Option<Vec<u32>>,
+    /// Decode speculatively when the server has a drafter.
+    pub speculative: bool,
 }
 
 impl Default for GenParams {
@@ -71,6 +97,7 @@ impl Default for GenParams {
             thinking_budget: None,
             loop_guard: 0,
             forced_output: None,
+            speculative: true,
         }
     }
 }
@@ -141,6 +168,9 @@ pub struct RunStats {
     /// From the end of prefill to the end of generation.
     pub decode_s: f64,
     pub finish: Finish,
+    /// Drafted tokens the target kept, and those it rejected (OpenAI's names).
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
 }
 
 impl RunStats {
@@ -193,12 +223,26 @@ pub struct Engine {
 impl Engine {
     /// Starts the worker thread, which owns `model` from now on.
     pub fn start(model: Model, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
+        Self::start_with_draft(model, None, tokenizer, config)
+    }
+
+    /// [`Engine::start`] with a draft model (used when `config.speculation` is `Draft`).
+    pub fn start_with_draft(
+        model: Model,
+        draft: Option<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Engine> {
+        if matches!(config.speculation, Speculation::Draft(_)) && draft.is_none() {
+            anyhow::bail!("speculative decoding with a draft model, but no draft model was given");
+        }
         let (tx, rx) = mpsc::channel::<Job>();
         let status = Arc::new(EngineStatus::default());
         let cache = PromptCache::new(&model, config.cache_bytes, config.cache_entries);
         let close_think = tokenizer.encode("\n</think>\n\n", false).context("tokenizing the thinking close")?;
         let mut worker = Worker {
             model,
+            draft,
             tok: tokenizer,
             cache,
             cfg: config.clone(),
@@ -230,6 +274,7 @@ impl Engine {
 
 struct Worker {
     model: Model,
+    draft: Option<Model>,
     tok: Arc<Tokenizer>,
     cache: PromptCache,
     cfg: EngineConfig,
@@ -299,10 +344,6 @@ impl Worker {
         m
     }
 
-    fn token_text(&self, id: u32) -> String {
-        self.tok.decode(&[id], false).unwrap_or_default()
-    }
-
     fn run_job(&mut self, job: &Job) -> Result<RunStats> {
         let t_start = Instant::now();
         let p = &job.params;
@@ -318,6 +359,8 @@ impl Worker {
             ttft_s: 0.0,
             decode_s: 0.0,
             finish: Finish::Cancelled,
+            accepted_prediction_tokens: 0,
+            rejected_prediction_tokens: 0,
         };
         let pre = self.cache.prefill(&self.model, prompt, &job.snapshots, self.cfg.prefill_chunk, &job.cancel)?;
         let PrefillResult::Done(pre) = pre else {
@@ -326,56 +369,72 @@ impl Worker {
         let t_prefilled = Instant::now();
         stats.prefill_s = (t_prefilled - t_start).as_secs_f64();
         stats.cached_tokens = pre.cached;
-        let (mut session, mut logits) = (pre.session, pre.logits);
-
+        let mut session = pre.session;
         let mask = if p.penalties.dry_active() { Some(self.breaker_mask(&p.penalties.dry_breakers)) } else { None };
         let is_breaker = |t: u32| mask.as_ref().is_some_and(|m| m.get(t as usize).copied().unwrap_or(false));
-        let mut sampler = Sampler::new(p.sampling.clone());
-        let mut context = prompt.clone();
         let tok = self.tok.clone();
-        let mut dec = StreamDecoder::new(&tok);
+        let n_vocab = tok.vocab_size();
+        let hook: Option<forge_model::speculative::LogitsHook> = p.penalties.active().then(|| {
+            let n_prompt = prompt.len();
+            Box::new(move |l: &mut [f32], ctx: &[u32]| p.penalties.apply(l, ctx, n_prompt, &is_breaker))
+                as forge_model::speculative::LogitsHook
+        });
+        let scripted = p.forced_output.is_some();
+        let drafter: Option<Box<dyn Drafter>> = match (&self.cfg.speculation, &self.draft) {
+            _ if !p.speculative || scripted => None,
+            (Speculation::Lookup { min_n, max_n }, _) => Some(Box::new(LookupDrafter { min_n: *min_n, max_n: *max_n })),
+            (Speculation::Draft(kv), Some(m)) => {
+                let dp = SamplingParams { seed: p.sampling.seed.wrapping_add(1), ..p.sampling.clone() };
+                Some(Box::new(ModelDrafter::new(m, *kv, Sampler::new(dp), n_vocab)))
+            }
+            _ => None,
+        };
+        let max_new = p.max_tokens.min(self.cfg.ctx.saturating_sub(prompt.len()));
+        let mut dec =
+            Decoder::new(&self.model, &mut session, prompt.clone(), pre.logits, Sampler::new(p.sampling.clone()))
+                .with_drafter(drafter, self.cfg.spec.clone())
+                .with_hook(hook)
+                .with_sample_vocab(n_vocab)
+                .with_budget(max_new);
+        let mut stream = StreamDecoder::new(&tok);
         let mut stopper = StopMatcher::new(&p.stop);
         let mut think = ThinkTracker::new(p.starts_in_reasoning);
-        let n_vocab = tok.vocab_size();
-        let scripted = p.forced_output.is_some();
         let mut forced: VecDeque<u32> = p.forced_output.clone().unwrap_or_default().into();
-        let max_new = p.max_tokens.min(self.cfg.ctx.saturating_sub(prompt.len()));
         let mut finish = Finish::Length;
         let mut stop_hit = false;
+        let token_text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
         for i in 0..max_new {
             if job.cancel.load(Ordering::Relaxed) {
                 finish = Finish::Cancelled;
                 break;
             }
+            // Padded vocabulary rows (beyond the tokenizer) are never sampled: they have no text.
             let (id, was_forced) = match forced.pop_front() {
-                Some(t) => (t, true),
+                Some(t) => {
+                    dec.next_forced(t)?;
+                    (t, true)
+                }
                 None if scripted => {
                     finish = Finish::Stop;
                     break;
                 }
-                // Padded vocabulary rows (beyond the tokenizer) are never sampled: they have no text.
-                None if p.penalties.active() => {
-                    let mut l = logits.clone();
-                    p.penalties.apply(&mut l, &context, prompt.len(), &is_breaker);
-                    (sampler.sample(&l[..n_vocab.min(l.len())]), false)
-                }
-                None => (sampler.sample(&logits[..n_vocab.min(logits.len())]), false),
+                None => (dec.next_token()?, false),
             };
             let logprob = p.logprobs.map(|n| {
-                let lp = log_softmax(&logits);
+                let lp = log_softmax(dec.logits());
                 TokenLogprob {
-                    token: self.token_text(id),
+                    token: token_text(id),
                     logprob: lp.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY),
-                    top: top_n(&lp, n).into_iter().map(|(t, l)| (self.token_text(t), l)).collect(),
+                    top: top_n(&lp, n).into_iter().map(|(t, l)| (token_text(t), l)).collect(),
                 }
             });
             if !was_forced && tok.stop_ids().contains(&id) {
+                dec.unread();
                 finish = Finish::Stop;
                 break;
             }
-            context.push(id);
             stats.generated_tokens += 1;
-            let piece = dec.push(id)?;
+            let piece = stream.push(id)?;
             if think.observe(&piece) {
                 stats.reasoning_tokens += 1;
             }
@@ -401,19 +460,24 @@ impl Worker {
                     }
                 }
             }
-            if p.loop_guard > 0 && loop_detected(&context[prompt.len()..], p.loop_guard) {
+            if p.loop_guard > 0 && loop_detected(&dec.context()[prompt.len()..], p.loop_guard) {
                 finish = Finish::Repetition;
                 break;
             }
             if i + 1 == max_new {
                 break;
             }
-            self.model.forward_into(&mut session, &[id], Logits::Last, &mut logits)?;
         }
+        let spec: SpecStats = dec.stats.clone();
+        stats.accepted_prediction_tokens = spec.accepted;
+        stats.rejected_prediction_tokens = spec.drafted - spec.accepted;
+        // The state holds exactly the tokens fed so far (a prefix of the context), and the
+        // logits are the model's output after them.
+        let (fed, logits) = dec.finish()?;
         stats.decode_s = t_prefilled.elapsed().as_secs_f64();
         stats.finish = finish;
         if finish != Finish::Cancelled && !stop_hit {
-            let rest = dec.finish()?;
+            let rest = stream.finish()?;
             let (mut text, hit) = stopper.push(&rest);
             if hit {
                 stats.finish = Finish::Stop;
@@ -424,10 +488,7 @@ impl Worker {
                 let _ = job.events.send(Event::Text(text));
             }
         }
-        // The state holds exactly the tokens fed so far (the last sampled one is not fed), and
-        // `logits` are the model's output after them.
-        let fed = session.pos;
-        self.cache.insert(context[..fed].to_vec(), session, logits, false);
+        self.cache.insert(fed, session, logits, false);
         Ok(stats)
     }
 }

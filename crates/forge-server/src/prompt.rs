@@ -188,6 +188,7 @@ impl Frontend {
             thinking_budget: c.thinking_budget.or(d.thinking_budget),
             loop_guard: c.loop_guard.unwrap_or(d.loop_guard),
             forced_output,
+            speculative: c.speculative.unwrap_or(true),
         })
     }
 }

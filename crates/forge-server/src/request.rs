@@ -7,6 +7,14 @@ use serde_json::{Map, Value as Json};
 
 type Obj = Map<String, Json>;
 
+/// Bounds on a request's lists, beyond any real conversation; the body limit bounds the total,
+/// these name the field instead of letting the template and tokenizer take the whole body.
+pub const MAX_MESSAGES: usize = 1 << 16;
+pub const MAX_CONTENT_PARTS: usize = 1 << 12;
+pub const MAX_TOOL_CALLS: usize = 1 << 10;
+/// Bytes of one DRY sequence breaker.
+pub const MAX_BREAKER_BYTES: usize = 256;
+
 /// Server-wide generation defaults; requests override them field by field.
 #[derive(Clone, Debug)]
 pub struct Defaults {
@@ -113,6 +121,8 @@ pub struct Common {
     pub loop_guard: Option<usize>,
     /// Test hook (only honoured when the server enables test hooks).
     pub forced_output: Option<String>,
+    /// `false` turns speculative decoding off for this request (Forge's field).
+    pub speculative: Option<bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -248,9 +258,11 @@ pub fn parse_common(o: &Obj, max_allowed_tokens: usize) -> Result<Common, ApiErr
         None => d.dry_breakers.clone(),
         Some(Json::Array(a)) if a.len() <= 64 => a
             .iter()
-            .map(|s| s.as_str().map(str::to_string))
+            .map(|s| s.as_str().filter(|s| s.len() <= MAX_BREAKER_BYTES).map(str::to_string))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| type_err("dry_sequence_breakers", "a list of strings"))?,
+            .ok_or_else(|| {
+                type_err("dry_sequence_breakers", &format!("a list of strings of at most {MAX_BREAKER_BYTES} bytes"))
+            })?,
         Some(_) => return Err(type_err("dry_sequence_breakers", "a list of at most 64 strings")),
     };
     let last_n = |key: &str, default: usize| -> Result<usize, ApiError> {
@@ -289,6 +301,7 @@ pub fn parse_common(o: &Obj, max_allowed_tokens: usize) -> Result<Common, ApiErr
         thinking_budget: opt_int(o, "thinking_budget", 0, 1 << 30)?.map(|n| n as usize),
         loop_guard: opt_int(o, "loop_guard", 0, 1 << 20)?.map(|n| n as usize),
         forced_output,
+        speculative: opt_bool(o, "speculative")?,
     })
 }
 
@@ -297,6 +310,9 @@ fn content_text(v: &Json, param: &str) -> Result<Json, ApiError> {
     match v {
         Json::Null => Ok(Json::Null),
         Json::String(_) => Ok(v.clone()),
+        Json::Array(parts) if parts.len() > MAX_CONTENT_PARTS => {
+            Err(ApiError::param(param, format!("at most {MAX_CONTENT_PARTS} content parts are supported")))
+        }
         Json::Array(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
             for (i, p) in parts.iter().enumerate() {
@@ -336,6 +352,9 @@ pub fn normalize_messages(v: Option<&Json>) -> Result<Json, ApiError> {
     };
     if list.is_empty() {
         return Err(ApiError::param("messages", "'messages' must not be empty"));
+    }
+    if list.len() > MAX_MESSAGES {
+        return Err(ApiError::param("messages", format!("at most {MAX_MESSAGES} messages are supported")));
     }
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
@@ -401,6 +420,9 @@ fn normalize_tool_calls(v: &Json, p: &str) -> Result<Json, ApiError> {
     let Json::Array(calls) = v else {
         return Err(type_err(p, "a list of tool calls"));
     };
+    if calls.len() > MAX_TOOL_CALLS {
+        return Err(ApiError::param(p, format!("at most {MAX_TOOL_CALLS} tool calls per message are supported")));
+    }
     let mut out = Vec::with_capacity(calls.len());
     for (j, c) in calls.iter().enumerate() {
         let cp = format!("{p}[{j}]");
@@ -518,6 +540,13 @@ pub fn parse_completion(v: &Json, max_allowed_tokens: usize) -> Result<Completio
     let common = parse_common(o, max_allowed_tokens)?;
     let bad = || type_err("prompt", "a string, a list of one string, or a list of token ids");
     let ids = |a: &[Json]| -> Result<Vec<u32>, ApiError> {
+        if a.len() > max_allowed_tokens {
+            return Err(ApiError::param(
+                "prompt",
+                format!("the prompt has {} tokens, more than the context length of {max_allowed_tokens}", a.len()),
+            )
+            .with_code("context_length_exceeded"));
+        }
         a.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad)).collect()
     };
     let prompt = match get(o, "prompt") {
@@ -629,6 +658,56 @@ mod tests {
         );
         assert_eq!(parse_completion(&json!({"prompt": [-1]}), 4096).unwrap_err().param.as_deref(), Some("prompt"));
         assert_eq!(parse_completion(&json!({}), 4096).unwrap_err().param.as_deref(), Some("prompt"));
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_naming_the_field() {
+        let user = json!({"role": "user", "content": "x"});
+        let chat = |extra: Json| {
+            let mut body = json!({"messages": [user.clone()]});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            parse_chat(&body, 4096).expect_err(&body.to_string())
+        };
+        let cases = [
+            (json!({"max_tokens": 1e300}), "max_tokens"),
+            (json!({"max_tokens": u64::MAX}), "max_tokens"),
+            (json!({"max_completion_tokens": i64::MAX}), "max_completion_tokens"),
+            (json!({"n": 1_000_000_000}), "n"),
+            (json!({"n": -1}), "n"),
+            (json!({"best_of": 1e20}), "best_of"),
+            (json!({"top_logprobs": 1_000_000, "logprobs": true}), "top_logprobs"),
+            (json!({"top_k": 1u64 << 40}), "top_k"),
+            (json!({"repeat_last_n": 1u64 << 40}), "repeat_last_n"),
+            (json!({"dry_allowed_length": u64::MAX}), "dry_allowed_length"),
+            (json!({"thinking_budget": 1e19}), "thinking_budget"),
+            (json!({"stop": vec!["x"; 100_000]}), "stop"),
+            (json!({"stop": "x".repeat(1 << 20)}), "stop"),
+            (json!({"tools": vec![json!({"type": "function", "function": {"name": "f"}}); 100_000]}), "tools"),
+            (json!({"dry_sequence_breakers": vec!["x"; 100_000]}), "dry_sequence_breakers"),
+            (json!({"dry_sequence_breakers": ["x".repeat(1 << 20)]}), "dry_sequence_breakers"),
+            (json!({"messages": vec![user.clone(); MAX_MESSAGES + 1]}), "messages"),
+            (
+                json!({"messages": [{"role": "user", "content": vec![json!({"type": "text", "text": "x"}); MAX_CONTENT_PARTS + 1]}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "content": null,
+                    "tool_calls": vec![json!({"function": {"name": "f"}}); MAX_TOOL_CALLS + 1]}]}),
+                "messages[0].tool_calls",
+            ),
+        ];
+        for (extra, param) in cases {
+            let e = chat(extra.clone());
+            assert_eq!(e.param.as_deref(), Some(param), "{}: {}", param, e.message);
+            assert_eq!(e.status, 400);
+        }
+        let e = parse_completion(&json!({"prompt": vec![1; 4097]}), 4096).unwrap_err();
+        assert_eq!((e.param.as_deref(), e.code), (Some("prompt"), Some("context_length_exceeded")));
+        let e = parse_completion(&json!({"prompt": [vec![1; 1 << 20]]}), 4096).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        // At the bounds the request is accepted.
+        assert!(parse_chat(&json!({"messages": vec![user.clone(); MAX_MESSAGES]}), 4096).is_ok());
+        assert!(parse_completion(&json!({"prompt": vec![1; 4096]}), 4096).is_ok());
     }
 
     #[test]

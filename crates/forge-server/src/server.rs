@@ -62,6 +62,11 @@ pub struct App {
 impl App {
     /// Starts the engine on a loaded model.
     pub fn new(loaded: Loaded, cfg: ServerConfig) -> Result<Arc<App>> {
+        Self::with_draft(loaded, None, cfg)
+    }
+
+    /// [`App::new`] with a draft model for speculative decoding (`cfg.engine.speculation`).
+    pub fn with_draft(loaded: Loaded, draft: Option<forge_model::Model>, cfg: ServerConfig) -> Result<Arc<App>> {
         let Loaded { model, tokenizer, template, path } = loaded;
         let tok = Arc::new(tokenizer.with_context(|| format!("{}: the server needs a tokenizer", path.display()))?);
         let model_type = model.cfg.model_type.clone();
@@ -70,7 +75,7 @@ impl App {
         let mut defaults = Defaults::for_model_type(&model_type);
         cfg.overrides.apply(&mut defaults);
         let ctx = cfg.engine.ctx.max(2);
-        let engine = Engine::start(model, tok.clone(), EngineConfig { ctx, ..cfg.engine.clone() })?;
+        let engine = Engine::start_with_draft(model, draft, tok.clone(), EngineConfig { ctx, ..cfg.engine.clone() })?;
         let front = Frontend { tok, template, hybrid, defaults, ctx, test_hooks: cfg.test_hooks };
         Ok(Arc::new(App {
             engine,
@@ -80,9 +85,7 @@ impl App {
             model_type,
             vocab_size,
             api_key: cfg.api_key.filter(|k| !k.is_empty()),
-            // A prompt that fills the context is a few bytes per token; JSON and tool schemas add
-            // more. Anything far beyond is refused before it is read.
-            max_body: (ctx * 64).max(2 << 20),
+            max_body: body_limit(ctx),
             started: Instant::now(),
         }))
     }
@@ -90,6 +93,19 @@ impl App {
     pub fn ctx(&self) -> usize {
         self.front.ctx
     }
+}
+
+/// Request bodies of at least this many bytes are accepted, whatever the context.
+pub const MIN_BODY_BYTES: usize = 2 << 20;
+/// No request body may exceed this, whatever the context.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// The request body limit for a context of `ctx` tokens: a prompt that fills the context is a few
+/// bytes per token and JSON and tool schemas add more, so 64 bytes per token, within
+/// [`MIN_BODY_BYTES`]..=[`MAX_BODY_BYTES`]. A larger body is refused with 413 (an OpenAI error,
+/// code `request_too_large`) as soon as it passes the limit, without reading the rest.
+pub fn body_limit(ctx: usize) -> usize {
+    ctx.saturating_mul(64).clamp(MIN_BODY_BYTES, MAX_BODY_BYTES)
 }
 
 pub fn router(app: Arc<App>) -> Router {
@@ -276,7 +292,11 @@ pub fn usage_json(s: &RunStats) -> Json {
         "completion_tokens": s.generated_tokens,
         "total_tokens": s.prompt_tokens + s.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": s.reasoning_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": s.reasoning_tokens,
+            "accepted_prediction_tokens": s.accepted_prediction_tokens,
+            "rejected_prediction_tokens": s.rejected_prediction_tokens,
+        },
     })
 }
 
@@ -834,4 +854,18 @@ pub fn run(app: Arc<App>, host: &str, port: u16) -> Result<()> {
         rayon::current_num_threads()
     );
     rt.block_on(serve_until(listener, app, shutdown_signal()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_limit_scales_with_the_context_within_bounds() {
+        assert_eq!(body_limit(0), MIN_BODY_BYTES);
+        assert_eq!(body_limit(4096), MIN_BODY_BYTES);
+        assert_eq!(body_limit(262_144), 16 << 20);
+        assert_eq!(body_limit(1 << 30), MAX_BODY_BYTES);
+        assert_eq!(body_limit(usize::MAX), MAX_BODY_BYTES);
+    }
 }
