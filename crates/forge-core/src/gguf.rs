@@ -9,6 +9,7 @@
 //! Block layouts follow ggml (`ggml-common.h` / `ggml-quants.c`); the tests check the
 //! dequantizers bit-for-bit against gguf-py's numpy reference (`gguf/quants.py`).
 
+use crate::backing::Backing;
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap};
@@ -349,23 +350,6 @@ impl GgufTensorInfo {
     /// Shape in row-major (PyTorch) order = dims reversed.
     pub fn shape(&self) -> Vec<usize> {
         self.dims.iter().rev().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect()
-    }
-}
-
-/// The bytes of an opened file: a memory map, or a buffer handed in by the caller.
-#[derive(Debug)]
-enum Backing {
-    Map(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Backing {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Backing::Map(m) => m,
-            Backing::Owned(v) => v,
-        }
     }
 }
 

@@ -1,4 +1,5 @@
 //! Forge core: dtypes, checkpoint readers, configs, tokenizer and chat templates.
+mod backing;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;

@@ -1,6 +1,7 @@
 //! Memory-mapped safetensors checkpoints: one file, a sharded set with
 //! `model.safetensors.index.json`, or every `*.safetensors` in a directory.
 
+use crate::backing::Backing;
 use crate::tensor::{Bytes, DType, HostTensor};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
@@ -16,22 +17,6 @@ struct Entry {
     shape: Vec<usize>,
     start: usize,
     end: usize,
-}
-
-/// The bytes of one file: a memory map, or a buffer handed in by the caller.
-enum Backing {
-    Map(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Backing {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Backing::Map(m) => m,
-            Backing::Owned(v) => v,
-        }
-    }
 }
 
 impl AsRef<[u8]> for Backing {
