@@ -1,7 +1,7 @@
-use anyhow::{bail, Result};
-use forge_kernels::lut::Format;
-use forge_quant::plan::{Basis, Part, Plan};
-use forge_quant::quantize::{quantize, Method, Options};
+use anyhow::Result;
+use forge_quant::quantize::quantize;
+use forge_quant::recipe::{resolve, Choices};
+use serde_json::json;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -18,24 +18,25 @@ pub struct Args {
     /// Token-mixer default (overrides --format for attention / DeltaNet projections).
     #[arg(long)]
     mixer: Option<String>,
-    /// Attention K/V projections.
-    #[arg(long, default_value = "int8")]
-    kv: String,
-    /// LM head.
-    #[arg(long, default_value = "lut4")]
-    head: String,
-    /// Online Hadamard rotations: none, or a list of mlp, mixer, head.
-    #[arg(long, default_value = "none")]
-    rotate: String,
-    /// rtn or gptq.
-    #[arg(long, default_value = "rtn")]
-    method: String,
+    /// Attention K/V projections [default: int8, or the preset's].
+    #[arg(long)]
+    kv: Option<String>,
+    /// LM head [default: lut4, or the preset's].
+    #[arg(long)]
+    head: Option<String>,
+    /// Online Hadamard rotations: a list of mlp, mixer, head, or none [default: mlp,mixer,head].
+    #[arg(long)]
+    rotate: Option<String>,
+    /// rtn or gptq [default: rtn; gptq with a preset].
+    #[arg(long)]
+    method: Option<String>,
     /// A tuned recipe (q4, q3, q2): sets plan, rotations, method, calibration and low-rank; explicit flags
-    /// given with it override its formats.
+    /// given with it override its choices.
     #[arg(long)]
     preset: Option<String>,
     /// Calibration rows as file:rows,file:rows (files relative to data/calib; ids=FILE reads token ids, e.g.
-    /// from `forge calib generate`; no :rows = every row); default: half prose, half code.
+    /// from `forge calib generate`; no :rows = every row); default: half prose, half code. Given with RTN, the
+    /// codebooks are fitted activation-weighted on it.
     #[arg(long)]
     calib: Option<String>,
     /// Calibration rows in total when --calib is not given.
@@ -47,15 +48,19 @@ pub struct Args {
     /// Calibration rows held out of the Hessians (for held-out SNR).
     #[arg(long, default_value_t = 4)]
     holdout: usize,
-    /// Weight codebook fits by the activation energy diag(H) (ANEMLL Forge's AW=1).
-    #[arg(long)]
+    /// Weight codebook fits by the activation energy diag(H) (ANEMLL Forge's AW=1); the default whenever
+    /// calibration is loaded.
+    #[arg(long, conflicts_with = "no_aw")]
     aw: bool,
+    /// Fit codebooks on the weights alone even with calibration.
+    #[arg(long)]
+    no_aw: bool,
     /// Rank of low-rank corrections (0 = none).
     #[arg(long, default_value_t = 0)]
     lowrank: usize,
-    /// Parts that get low-rank corrections: gdn, attn, mlp, head.
-    #[arg(long, default_value = "gdn,attn")]
-    lowrank_parts: String,
+    /// Parts that get low-rank corrections: gdn, attn, mlp, head [default: gdn,attn].
+    #[arg(long)]
+    lowrank_parts: Option<String>,
     /// Fit the low-rank factors before GPTQ and quantize W − AB (release 0.2), instead of after.
     #[arg(long)]
     lowrank_inside: bool,
@@ -67,93 +72,86 @@ pub struct Args {
     /// Continue an interrupted run in OUTPUT.
     #[arg(long)]
     resume: bool,
+    /// Tokens of the end-of-run check (KL against the source on held-out calibration text); 0 skips it.
+    #[arg(long, default_value_t = forge_quant::check::DEFAULT_TOKENS)]
+    check_tokens: usize,
+    /// Print the JSON report (sizes, check, seconds per stage) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "PATH")]
+    json_out: Option<PathBuf>,
 }
 
-pub fn run(mut a: Args) -> Result<()> {
+pub fn run(a: Args) -> Result<()> {
     let source = crate::cmd_bundle::resolve(&a.model)?;
-    let preset = a.preset.as_deref().map(forge_quant::preset::Preset::get).transpose()?;
-    if let Some(p) = &preset {
-        a.method = "gptq".into();
-        a.aw |= p.aw;
-        if a.lowrank == 0 {
-            a.lowrank = p.lowrank;
-            a.lowrank_parts = p.lowrank_parts.into();
-        }
-        if a.rotate == "none" {
-            a.rotate = p.rotate.into();
-        }
-    }
-    let base = a.format.as_deref().map(Format::parse).transpose()?.unwrap_or(Format::Lut4);
-    let mut plan = match &preset {
-        Some(p) if a.format.is_none() => p.plan.clone(),
-        _ => Plan::uniform(base),
-    };
-    if let Some(m) = &a.mixer {
-        plan.mixer = Format::parse(m)?;
-    }
-    if preset.is_none() || a.format.is_some() {
-        plan.kv = Format::parse(&a.kv)?;
-        plan.head = Format::parse(&a.head)?;
-    }
-    for part in a.rotate.split(',').filter(|s| !s.is_empty() && *s != "none") {
-        match part {
-            "mlp" => plan.mlp_basis = Basis::Online,
-            "mixer" => plan.mixer_basis = Basis::Online,
-            "head" => plan.head_basis = Basis::Online,
-            _ => bail!("--rotate: unknown part '{part}' (none, mlp, mixer, head)"),
-        }
-    }
-    if let Some(p) = &a.plan {
-        plan = Plan::from_file(p, plan)?;
-    } else if a.format.is_none() && preset.is_none() {
-        bail!("give --preset q4|q3|q2, --plan PLAN.json or --format FMT");
-    }
-    let method = Method::parse(&a.method)?;
-    let calib = (method == Method::Gptq).then(|| forge_quant::calib::CalibConfig {
-        spec: a.calib.clone().unwrap_or_else(|| forge_quant::calib::default_spec(a.ncal)),
+    let choices = Choices {
+        preset: a.preset.clone(),
+        plan_file: a.plan.clone(),
+        format: a.format.clone(),
+        mixer: a.mixer.clone(),
+        kv: a.kv.clone(),
+        head: a.head.clone(),
+        rotate: a.rotate.clone(),
+        method: a.method.clone(),
+        calib: a.calib.clone(),
+        ncal: a.ncal,
         seq: a.seq,
         holdout: a.holdout,
-    });
-    let lowrank = (a.lowrank > 0)
-        .then(|| -> Result<_> {
-            let parts = a
-                .lowrank_parts
-                .split(',')
-                .filter(|s| !s.is_empty())
-                .map(|p| match p {
-                    "mlp" => Ok(Part::Mlp),
-                    "gdn" => Ok(Part::Gdn),
-                    "attn" => Ok(Part::Attn),
-                    "head" => Ok(Part::Head),
-                    _ => bail!("--lowrank-parts: unknown part '{p}' (gdn, attn, mlp, head)"),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Ok(forge_quant::quantize::LowRankConfig { rank: a.lowrank, parts, inside: a.lowrank_inside })
-        })
-        .transpose()?;
-    let opts = Options {
-        source_arg: a.model.clone(),
-        source,
-        plan,
-        method,
-        seed: a.seed,
-        output: a.output.clone(),
-        resume: a.resume,
-        stop_before_layer: None,
-        calib,
-        aw: a.aw,
-        lowrank,
+        aw: if a.aw {
+            Some(true)
+        } else if a.no_aw {
+            Some(false)
+        } else {
+            None
+        },
+        lowrank: a.lowrank,
+        lowrank_parts: a.lowrank_parts.clone(),
+        lowrank_inside: a.lowrank_inside,
     };
-    let t0 = std::time::Instant::now();
-    quantize(&opts)?;
+    let mut opts = resolve(&choices)?.options(&a.model, source, a.output.clone(), a.seed);
+    opts.resume = a.resume;
+    opts.check_tokens = a.check_tokens;
+    let outcome = quantize(&opts)?;
     let report = forge_quant::inspect::inspect(&a.output)?;
     eprintln!(
         "wrote {} in {:.1} s: {:.3} bits/weight ({:.3} with embedding), {:.2} MiB packed",
         a.output.display(),
-        t0.elapsed().as_secs_f64(),
+        outcome.total_seconds,
         report.bits_per_weight,
         report.bits_per_weight_with_embedding,
         report.packed_bytes as f64 / 1048576.0
     );
+    eprint!("{}", outcome.stages_table());
+    if let Some(c) = &outcome.check {
+        eprintln!(
+            "check: KL {:.4} nats, top-1 {:.1} % over {} positions ({}); expected about {:.3}, limit {:.3}",
+            c.kl,
+            100.0 * c.top1,
+            c.positions,
+            c.text,
+            c.expected_kl,
+            c.limit
+        );
+        if let Some(w) = c.warning() {
+            eprintln!("\n{w}\n");
+        }
+    }
+    let json = json!({
+        "output": a.output.display().to_string(),
+        "bits_per_weight": report.bits_per_weight,
+        "bits_per_weight_with_embedding": report.bits_per_weight_with_embedding,
+        "packed_bytes": report.packed_bytes,
+        "options": outcome.manifest["options"],
+        "check": outcome.check.as_ref().map(|c| c.to_json()),
+        "seconds": outcome.stages_json(),
+        "threads": rayon::current_num_threads(),
+    });
+    if let Some(p) = &a.json_out {
+        forge_core::fsutil::write_atomic(p, &serde_json::to_vec_pretty(&json)?)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    }
     Ok(())
 }

@@ -10,12 +10,15 @@
 use forge_model::sampling::Rng;
 use half::f16;
 use rayon::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// Scalar fits use at most this many sampled values.
 pub const SCALAR_SAMPLES: usize = 65_536;
-/// Vector fits use at most this many sampled vectors.
-pub const VECTOR_SAMPLES: usize = 300_000;
-pub const KMEANS_INITS: usize = 3;
+/// Vector fits choose among their starts on at most this many sampled vectors (1,000 per
+/// centroid of a 64-entry codebook).
+pub const VECTOR_SAMPLES: usize = 65_536;
+/// Scalar Lloyd iterations, at most.
 pub const MAX_ITERS: usize = 200;
 
 pub fn f16_round(x: f32) -> f32 {
@@ -111,113 +114,585 @@ pub fn fit_scalar(values: &[f32], weights: Option<&[f32]>, k: usize, seed: u64) 
     c
 }
 
-/// Weighted k-means in `d` dimensions (k-means++ init, `KMEANS_INITS` restarts, best inertia);
-/// returns `k × d` FP16-exact centroids.
+/// Weighted k-means in `d` dimensions; returns `k × d` FP16-exact centroids (the caller assigns
+/// every vector to them).
+///
+/// [`STARTS`] starts on a seeded sample of at most [`VECTOR_SAMPLES`] vectors, each followed by
+/// at most [`START_STEPS`] Lloyd steps: the Lloyd-optimal codebook of a standard Gaussian scaled
+/// to the sample (rotated, row-normalized weights are close to Gaussian, so this start is nearly
+/// converged already) and greedy k-means++ seedings (for data that is not, and for the local
+/// optima a 16-entry codebook has). The start with the lowest weighted inertia then takes at most
+/// [`REFINE_STEPS`] more steps on a larger sample of at most [`REFINE_SAMPLES`] vectors (every
+/// vector of most matrices), so that the codebook fits the matrix rather than the first sample.
+/// Every reduction runs over fixed chunks in a fixed order: the result does not depend on the
+/// thread count.
 pub fn fit_vector(vectors: &[f32], d: usize, weights: Option<&[f32]>, k: usize, seed: u64) -> Vec<f32> {
     let n_all = vectors.len() / d;
     let mut rng = Rng::new(seed);
-    let idx = sample_indices(n_all, VECTOR_SAMPLES, &mut rng);
-    let pts: Vec<f32> = idx.iter().flat_map(|&i| vectors[i * d..(i + 1) * d].iter().copied()).collect();
-    let w: Vec<f32> = idx.iter().map(|&i| weights.map_or(1.0, |w| w[i])).collect();
-    let n = idx.len();
-    // Mean per-dimension variance of the sample, scaling the convergence tolerance.
-    let var_total: f64 = (0..d)
-        .map(|t| {
-            let m = (0..n).map(|i| pts[i * d + t] as f64).sum::<f64>() / n as f64;
-            (0..n).map(|i| (pts[i * d + t] as f64 - m).powi(2)).sum::<f64>() / n as f64
-        })
-        .sum::<f64>()
-        / d as f64;
+    let gather = |idx: &[usize]| -> (Vec<f32>, Vec<f32>) {
+        let pts = idx.iter().flat_map(|&i| vectors[i * d..(i + 1) * d].iter().copied()).collect();
+        let w = idx.iter().map(|&i| weights.map_or(1.0, |w| w[i])).collect();
+        (pts, w)
+    };
+    let (pts, w) = gather(&sample_indices(n_all, VECTOR_SAMPLES, &mut rng));
+    let n = w.len();
+    let (mean, std) = moments(&pts, d);
+    let var_total = std.iter().map(|s| s * s).sum::<f64>() / d as f64;
+    let template: Vec<f32> = gaussian_codebook(d, k)
+        .chunks_exact(d)
+        .flat_map(|c| (0..d).map(|t| (mean[t] + std[t] * c[t] as f64) as f32).collect::<Vec<_>>())
+        .collect();
+    let mut starts = vec![template];
+    for s in 1..STARTS {
+        let mut pp_rng = Rng::new(seed.wrapping_add(s as u64).wrapping_mul(0x9E3779B97F4A7C15));
+        // Seeding needs far fewer points than fitting: a prefix of the (random) sample.
+        let m = n.min(PP_SAMPLES);
+        starts.push(kmeans_pp(&pts[..m * d], &w[..m], d, k.min(m), &mut pp_rng));
+    }
     let mut best: Option<(f64, Vec<f32>)> = None;
-    for init in 0..KMEANS_INITS {
-        let mut rng = Rng::new(seed.wrapping_add(1 + init as u64).wrapping_mul(0x9E3779B97F4A7C15));
-        let mut c = kmeans_pp(&pts, &w, d, k, &mut rng);
-        let mut assign = vec![0u32; n];
-        let mut inertia = f64::MAX;
-        for _iter in 0..MAX_ITERS {
-            let changed: usize = assign
-                .par_chunks_mut(4096)
-                .enumerate()
-                .map(|(ci, a)| {
-                    let mut ch = 0;
-                    for (o, slot) in a.iter_mut().enumerate() {
-                        let p = &pts[(ci * 4096 + o) * d..(ci * 4096 + o + 1) * d];
-                        let (b, _) = nearest(&c, d, p);
-                        if *slot != b as u32 {
-                            *slot = b as u32;
-                            ch += 1;
-                        }
-                    }
-                    ch
-                })
-                .sum();
-            let old = c.clone();
-            let mut sum = vec![0f64; k * d];
-            let mut ws = vec![0f64; k];
-            for i in 0..n {
-                let a = assign[i] as usize;
-                ws[a] += w[i] as f64;
-                for t in 0..d {
-                    sum[a * d + t] += pts[i * d + t] as f64 * w[i] as f64;
-                }
-            }
-            for q in 0..k {
-                if ws[q] > 0.0 {
-                    for t in 0..d {
-                        c[q * d + t] = (sum[q * d + t] / ws[q]) as f32;
-                    }
-                } else {
-                    // Empty cluster: restart it at a random sample.
-                    let r = (rng.next_u64() % n as u64) as usize;
-                    c[q * d..(q + 1) * d].copy_from_slice(&pts[r * d..(r + 1) * d]);
-                }
-            }
-            // Converged (as scikit-learn's tol = 1e-4): the centroids moved by less than 1e-4 of
-            // the data's variance, or no point changed cluster.
-            let shift: f64 = c.iter().zip(&old).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-            if changed == 0 || shift <= 1e-4 * var_total {
-                break;
-            }
-        }
-        let cr: Vec<f32> = c.iter().map(|&x| f16_round(x)).collect();
-        let e: f64 =
-            (0..n).into_par_iter().map(|i| nearest(&cr, d, &pts[i * d..(i + 1) * d]).1 as f64 * w[i] as f64).sum();
-        inertia = inertia.min(e);
-        if best.as_ref().is_none_or(|b| inertia < b.0) {
-            best = Some((inertia, cr));
+    for c in starts {
+        let c = pad_centers(c, d, k, &pts);
+        let c = lloyd(&pts, &w, d, c, START_STEPS, START_TOL * var_total);
+        let e = inertia(&pts, &w, d, &c);
+        if best.as_ref().is_none_or(|b| e < b.0) {
+            best = Some((e, c));
         }
     }
-    best.unwrap().1
+    let c = best.unwrap().1;
+    let (pts, w) = if n_all > n { gather(&sample_indices(n_all, REFINE_SAMPLES, &mut rng)) } else { (pts, w) };
+    let c = lloyd(&pts, &w, d, c, REFINE_STEPS, REFINE_TOL * var_total);
+    c.iter().map(|&x| f16_round(x)).collect()
 }
 
+/// Starts: the Gaussian template and greedy k-means++ seedings.
+pub const STARTS: usize = 3;
+/// k-means++ seeds from at most this many of the sampled vectors.
+pub const PP_SAMPLES: usize = 16_384;
+/// Lloyd steps per start, at most, and the convergence threshold (total squared centroid move
+/// relative to the data's variance, as scikit-learn's `tol`).
+pub const START_STEPS: usize = 50;
+pub const START_TOL: f64 = 1e-5;
+/// The refinement: at most this many vectors and steps, to a finer threshold.
+pub const REFINE_SAMPLES: usize = 1 << 20;
+pub const REFINE_STEPS: usize = 30;
+pub const REFINE_TOL: f64 = 1e-6;
+
+/// Per-dimension mean and standard deviation of `n × d` points.
+fn moments(pts: &[f32], d: usize) -> (Vec<f64>, Vec<f64>) {
+    let n = (pts.len() / d).max(1);
+    let mean: Vec<f64> =
+        (0..d).map(|t| pts.iter().skip(t).step_by(d).map(|&v| v as f64).sum::<f64>() / n as f64).collect();
+    let std = (0..d)
+        .map(|t| (pts.iter().skip(t).step_by(d).map(|&v| (v as f64 - mean[t]).powi(2)).sum::<f64>() / n as f64).sqrt())
+        .collect();
+    (mean, std)
+}
+
+/// Fewer points than centroids (a tiny matrix): fill the codebook up with copies of points;
+/// Lloyd moves the copies that stay empty onto the worst-served points.
+fn pad_centers(mut c: Vec<f32>, d: usize, k: usize, pts: &[f32]) -> Vec<f32> {
+    let n = pts.len() / d;
+    let mut i = 0;
+    while c.len() < k * d {
+        if n == 0 {
+            c.push(0.0);
+        } else {
+            c.extend_from_slice(&pts[(i % n) * d..(i % n + 1) * d]);
+            i += 1;
+        }
+    }
+    c
+}
+
+/// The Lloyd-optimal `k`-point codebook of the standard `d`-dimensional Gaussian, from k-means++
+/// and Lloyd run to convergence on a fixed seeded sample; computed once per process.
+pub fn gaussian_codebook(d: usize, k: usize) -> Vec<f32> {
+    type Cache = Mutex<HashMap<(usize, usize), Vec<f32>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(c) = cache.lock().unwrap().get(&(d, k)) {
+        return c.clone();
+    }
+    let mut rng = Rng::new(0x6A05_5C0D);
+    let pts = normal_samples(&mut rng, VECTOR_SAMPLES * d);
+    let w = vec![1f32; VECTOR_SAMPLES];
+    let c = kmeans_pp(&pts, &w, d, k, &mut rng);
+    let c = lloyd(&pts, &w, d, c, 1000, 0.0);
+    cache.lock().unwrap().insert((d, k), c.clone());
+    c
+}
+
+/// Points per parallel chunk; reductions combine the chunks in index order.
+const CHUNK: usize = 4096;
+
+/// Centroids laid out for nearest-centroid queries: structure-of-arrays, padded to a multiple of
+/// [`LANES`] with far-away dummies for the vectorized scan, and for two dimensions a grid whose
+/// cells list the only centroids that can be nearest to a point inside them.
+pub struct Centers {
+    d: usize,
+    kp: usize,
+    soa: Vec<f32>,
+    grid: Option<Grid>,
+}
+
+const LANES: usize = 8;
+/// Coordinate of the padding centroids: no point is ever nearer to one of them.
+const FAR: f32 = 1e15;
+
+/// Uniform grid over the centroids' bounding box (widened by a quarter of its extent each side).
+/// A cell's candidates are the centroids whose distance to the cell is at most the smallest
+/// distance from any centroid to the cell's farthest corner: every point in the cell has its
+/// nearest centroid among them (ties included), so a scan over them in index order gives the
+/// full scan's answer, and a cell with one candidate needs no distance at all. Points outside
+/// the grid take the full scan.
+struct Grid {
+    x0: f32,
+    y0: f32,
+    inv: [f32; 2],
+    g: usize,
+    /// Candidates of cell `c`: `cand[start[c]..start[c + 1]]`, as (x, y, index).
+    start: Vec<u32>,
+    /// Per cell, a lower bound on the distance from any of its points to any centroid that is
+    /// not a candidate.
+    beyond: Vec<f32>,
+    cand: Vec<Cand>,
+}
+
+/// A grid cell's candidate centroid: its coordinates and index.
+type Cand = (f32, f32, u32);
+
+impl Grid {
+    fn new(codebook: &[f32]) -> Option<Grid> {
+        let k = codebook.len() / 2;
+        if k < 2 * LANES || k > u16::MAX as usize {
+            return None;
+        }
+        let cx: Vec<f32> = codebook.iter().step_by(2).copied().collect();
+        let cy: Vec<f32> = codebook.iter().skip(1).step_by(2).copied().collect();
+        let bounds = |v: &[f32]| {
+            let (lo, hi) = v.iter().fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            let pad = 0.25 * (hi - lo);
+            (lo - pad, hi + pad)
+        };
+        let ((xl, xh), (yl, yh)) = (bounds(&cx), bounds(&cy));
+        if !(xh > xl && yh > yl && (xh - xl).is_finite() && (yh - yl).is_finite()) {
+            return None;
+        }
+        let g = Grid::side(k);
+        let (wx, wy) = ((xh - xl) / g as f32, (yh - yl) / g as f32);
+        // Squared distances split by axis: per column (row) of cells, the nearest and farthest
+        // offsets of every centroid's coordinate from the cell's interval, each interval widened
+        // slightly so that a cell holds every point whose rounded cell index lands in it.
+        let axis = |c: &[f32], lo: f32, wd: f32| -> (Vec<f32>, Vec<f32>) {
+            let (mut near, mut far) = (vec![0f32; g * k], vec![0f32; g * k]);
+            for i in 0..g {
+                let (a, b) = (lo + i as f32 * wd - 1e-3 * wd, lo + (i + 1) as f32 * wd + 1e-3 * wd);
+                for (q, &x) in c.iter().enumerate() {
+                    let n = (a - x).max(0.0).max(x - b);
+                    let f = (x - a).abs().max((x - b).abs());
+                    near[i * k + q] = n * n;
+                    far[i * k + q] = f * f;
+                }
+            }
+            (near, far)
+        };
+        let (nx, fx) = axis(&cx, xl, wx);
+        let (ny, fy) = axis(&cy, yl, wy);
+        let mut start = Vec::with_capacity(g * g + 1);
+        let mut beyond = Vec::with_capacity(g * g);
+        let mut cand = Vec::new();
+        let mut far = vec![0f32; k];
+        for iy in 0..g {
+            let (nyr, fyr) = (&ny[iy * k..(iy + 1) * k], &fy[iy * k..(iy + 1) * k]);
+            for ix in 0..g {
+                let (nxr, fxr) = (&nx[ix * k..(ix + 1) * k], &fx[ix * k..(ix + 1) * k]);
+                for ((f, a), b) in far.iter_mut().zip(fxr).zip(fyr) {
+                    *f = a + b;
+                }
+                let u = far.iter().fold(f32::INFINITY, |m, &v| m.min(v)) * (1.0 + 1e-4);
+                start.push(cand.len() as u32);
+                beyond.push(u.sqrt() * (1.0 - 1e-5));
+                for q in 0..k {
+                    if nxr[q] + nyr[q] <= u {
+                        cand.push((cx[q], cy[q], q as u32));
+                    }
+                }
+            }
+        }
+        start.push(cand.len() as u32);
+        Some(Grid { x0: xl, y0: yl, inv: [1.0 / wx, 1.0 / wy], g, start, beyond, cand })
+    }
+
+    /// Cells per side for `k` centroids: 16 cells per centroid, so that most cells hold one or two
+    /// candidates.
+    fn side(k: usize) -> usize {
+        4 * (k as f64).sqrt().ceil() as usize
+    }
+
+    fn cells(k: usize) -> usize {
+        Grid::side(k) * Grid::side(k)
+    }
+
+    /// The candidates of the cell holding `(x, y)` and the cell's bound on the distance to any
+    /// other centroid; `None` outside the grid.
+    #[inline]
+    fn cell_bound(&self, x: f32, y: f32) -> Option<(&[Cand], f32)> {
+        let fx = (x - self.x0) * self.inv[0];
+        let fy = (y - self.y0) * self.inv[1];
+        let g = self.g as f32;
+        if !(fx >= 0.0 && fx < g && fy >= 0.0 && fy < g) {
+            return None;
+        }
+        let c = (fy as usize).min(self.g - 1) * self.g + (fx as usize).min(self.g - 1);
+        Some((&self.cand[self.start[c] as usize..self.start[c + 1] as usize], self.beyond[c]))
+    }
+
+    /// The candidates of the cell holding `(x, y)`; `None` outside the grid.
+    #[inline]
+    fn cell(&self, x: f32, y: f32) -> Option<&[Cand]> {
+        self.cell_bound(x, y).map(|c| c.0)
+    }
+}
+
+#[inline]
+fn nearest_of(cands: &[Cand], x: f32, y: f32) -> (usize, f32) {
+    let mut best = (0usize, f32::INFINITY);
+    for &(cx, cy, q) in cands {
+        let (dx, dy) = (x - cx, y - cy);
+        let e = dx * dx + dy * dy;
+        if e < best.1 {
+            best = (q as usize, e);
+        }
+    }
+    best
+}
+
+impl Centers {
+    pub fn new(codebook: &[f32], d: usize) -> Centers {
+        Centers::build(codebook, d, true)
+    }
+
+    /// Without the grid when few queries will follow: building it costs about as much as
+    /// [`Grid::cells`]`(k)` full scans.
+    fn build(codebook: &[f32], d: usize, grid: bool) -> Centers {
+        let k = codebook.len() / d;
+        let kp = k.div_ceil(LANES) * LANES;
+        let mut soa = vec![FAR; d * kp];
+        for (q, c) in codebook.chunks_exact(d).enumerate() {
+            for t in 0..d {
+                soa[t * kp + q] = c[t];
+            }
+        }
+        let grid = if d == 2 && grid { Grid::new(codebook) } else { None };
+        Centers { d, kp, soa, grid }
+    }
+
+    /// Index of the nearest centroid (ties → lowest index) and its squared distance.
+    #[inline]
+    pub fn nearest(&self, p: &[f32]) -> (usize, f32) {
+        match self.grid.as_ref().and_then(|g| g.cell(p[0], p[1])) {
+            Some(c) => nearest_of(c, p[0], p[1]),
+            None => self.scan(p),
+        }
+    }
+
+    /// Index of the nearest centroid (ties → lowest index), without its distance when the grid
+    /// leaves a single candidate.
+    #[inline]
+    pub fn index(&self, p: &[f32]) -> usize {
+        match self.grid.as_ref().and_then(|g| g.cell(p[0], p[1])) {
+            Some([(_, _, q)]) => *q as usize,
+            Some(c) => nearest_of(c, p[0], p[1]).0,
+            None => self.scan(p).0,
+        }
+    }
+
+    /// Nearest centroid, its squared distance, and a lower bound on the distance to every other
+    /// centroid (0 when the point lies outside the grid).
+    #[inline]
+    fn nearest_bounded(&self, p: &[f32]) -> (usize, f32, f32) {
+        match self.grid.as_ref().and_then(|g| g.cell_bound(p[0], p[1])) {
+            Some((cands, beyond)) => {
+                let (mut b, mut e1, mut e2) = (0usize, f32::INFINITY, f32::INFINITY);
+                for &(cx, cy, q) in cands {
+                    let (dx, dy) = (p[0] - cx, p[1] - cy);
+                    let e = dx * dx + dy * dy;
+                    if e < e1 {
+                        e2 = e1;
+                        e1 = e;
+                        b = q as usize;
+                    } else if e < e2 {
+                        e2 = e;
+                    }
+                }
+                (b, e1, beyond.min(e2.sqrt() * (1.0 - 1e-5)))
+            }
+            None => {
+                let (b, e) = self.scan(p);
+                (b, e, 0.0)
+            }
+        }
+    }
+
+    /// [`Centers::nearest`] by scanning every centroid.
+    #[inline]
+    pub fn scan(&self, p: &[f32]) -> (usize, f32) {
+        let (mut bd, mut bi) = ([f32::INFINITY; LANES], [0u32; LANES]);
+        let kp = self.kp;
+        for blk in 0..kp / LANES {
+            let mut dist = [0f32; LANES];
+            for (t, &x) in p.iter().enumerate().take(self.d) {
+                let c: &[f32; LANES] = self.soa[t * kp + blk * LANES..][..LANES].try_into().unwrap();
+                for l in 0..LANES {
+                    let e = x - c[l];
+                    dist[l] += e * e;
+                }
+            }
+            for l in 0..LANES {
+                if dist[l] < bd[l] {
+                    bd[l] = dist[l];
+                    bi[l] = (blk * LANES + l) as u32;
+                }
+            }
+        }
+        let mut best = (bi[0], bd[0]);
+        for l in 1..LANES {
+            if bd[l] < best.1 || (bd[l] == best.1 && bi[l] < best.0) {
+                best = (bi[l], bd[l]);
+            }
+        }
+        (best.0 as usize, best.1)
+    }
+}
+
+/// Weighted Lloyd from `c` for at most `steps` steps, stopping early when no point changes its
+/// centroid or the centroids move by at most `tol` (squared, summed). A centroid left without
+/// points moves onto the point the codebook serves worst.
+///
+/// A point keeps its centroid unexamined while an upper bound on its distance to it (the last
+/// exact distance plus the centroid's moves since) is under half the distance from that centroid
+/// to the nearest other one: no other centroid can then be nearer (Elkan's first lemma). Late
+/// steps, where few points change, cost little more than the centroid sums.
+fn lloyd(pts: &[f32], w: &[f32], d: usize, c: Vec<f32>, steps: usize, tol: f64) -> Vec<f32> {
+    match d {
+        1 => lloyd_d::<1>(pts, w, c, steps, tol),
+        2 => lloyd_d::<2>(pts, w, c, steps, tol),
+        3 => lloyd_d::<3>(pts, w, c, steps, tol),
+        4 => lloyd_d::<4>(pts, w, c, steps, tol),
+        _ => panic!("vector codebooks of dimension {d} are not supported"),
+    }
+}
+
+fn lloyd_d<const D: usize>(pts: &[f32], w: &[f32], mut c: Vec<f32>, steps: usize, tol: f64) -> Vec<f32> {
+    let d = D;
+    let n = w.len();
+    let k = c.len() / d;
+    if n == 0 || k == 0 {
+        return c;
+    }
+    let mut assign = vec![u32::MAX; n];
+    let mut upper = vec![f32::INFINITY; n];
+    let mut lower = vec![0f32; n];
+    let mut moved = vec![0f32; k];
+    let mut max_moved = 0f32;
+    // Cluster sums (d weighted coordinates, then the weight) and sizes, updated by the points that
+    // change cluster only.
+    let mut sums = vec![0f64; k * (d + 1)];
+    let mut sizes = vec![0i64; k];
+    let mut queries = n;
+    for _ in 0..steps {
+        let centers = Centers::build(&c, d, queries > Grid::cells(k));
+        let cq = |q: usize| -> &[f32; D] { c[q * D..(q + 1) * D].try_into().unwrap() };
+        // Half the distance from each centroid to its nearest other one, less a margin for the
+        // rounding of the bounds.
+        let half: Vec<f32> = (0..k)
+            .map(|q| {
+                let m = (0..k).filter(|&r| r != q).map(|r| sq_d(cq(q), cq(r))).fold(f32::INFINITY, f32::min);
+                0.5 * m.sqrt() * (1.0 - 1e-5)
+            })
+            .collect();
+        let parts: Vec<(usize, usize, Vec<f64>, Vec<i64>)> = assign
+            .par_chunks_mut(CHUNK)
+            .zip(upper.par_chunks_mut(CHUNK))
+            .zip(lower.par_chunks_mut(CHUNK))
+            .enumerate()
+            .map(|(ci, ((a, u), l))| {
+                let (mut changed, mut queries) = (0, 0);
+                let mut delta = vec![0f64; k * (d + 1)];
+                let mut dsize = vec![0i64; k];
+                for o in 0..a.len() {
+                    let q = a[o] as usize;
+                    let mut bound = 0f32;
+                    if q < k {
+                        u[o] += moved[q];
+                        l[o] -= max_moved;
+                        bound = half[q].max(l[o]);
+                        if u[o] <= bound {
+                            continue;
+                        }
+                    }
+                    let i = ci * CHUNK + o;
+                    let p: &[f32; D] = pts[i * D..(i + 1) * D].try_into().unwrap();
+                    if q < k {
+                        u[o] = sq_d(p, cq(q)).sqrt();
+                        if u[o] <= bound {
+                            continue;
+                        }
+                    }
+                    queries += 1;
+                    let (b, e, lo) = if D == 2 {
+                        centers.nearest_bounded(p)
+                    } else {
+                        let (b, e) = centers.nearest(p);
+                        (b, e, 0.0)
+                    };
+                    u[o] = e.sqrt();
+                    l[o] = lo;
+                    if b != q {
+                        changed += 1;
+                        a[o] = b as u32;
+                        let wi = w[i] as f64;
+                        if q < k {
+                            for t in 0..d {
+                                delta[q * (d + 1) + t] -= p[t] as f64 * wi;
+                            }
+                            delta[q * (d + 1) + d] -= wi;
+                            dsize[q] -= 1;
+                        }
+                        for t in 0..d {
+                            delta[b * (d + 1) + t] += p[t] as f64 * wi;
+                        }
+                        delta[b * (d + 1) + d] += wi;
+                        dsize[b] += 1;
+                    }
+                }
+                (changed, queries, delta, dsize)
+            })
+            .collect();
+        let changed: usize = parts.iter().map(|p| p.0).sum();
+        queries = parts.iter().map(|p| p.1).sum();
+        for (_, _, delta, dsize) in &parts {
+            sums.iter_mut().zip(delta).for_each(|(x, y)| *x += y);
+            sizes.iter_mut().zip(dsize).for_each(|(x, y)| *x += y);
+        }
+        let old = c.clone();
+        let mut err: Option<Vec<f32>> = None;
+        for q in 0..k {
+            let ws = sums[q * (d + 1) + d];
+            if sizes[q] > 0 {
+                if ws > 0.0 {
+                    for t in 0..d {
+                        c[q * d + t] = (sums[q * (d + 1) + t] / ws) as f32;
+                    }
+                }
+                continue;
+            }
+            let err = err.get_or_insert_with(|| {
+                pts.par_chunks(d).zip(w.par_iter()).map(|(p, &wi)| centers.nearest(p).1 * wi).collect()
+            });
+            if let Some(far) = worst(err) {
+                c[q * d..(q + 1) * d].copy_from_slice(&pts[far * d..(far + 1) * d]);
+                err[far] = 0.0;
+            }
+        }
+        for (q, m) in moved.iter_mut().enumerate() {
+            *m = sq(&c[q * D..(q + 1) * D], &old[q * D..(q + 1) * D]).sqrt() * (1.0 + 1e-5);
+        }
+        max_moved = moved.iter().fold(0f32, |a, &b| a.max(b));
+        let shift: f64 = c.iter().zip(&old).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        if changed == 0 || shift <= tol {
+            break;
+        }
+    }
+    c
+}
+
+/// The point with the largest positive weighted error (first on ties).
+fn worst(err: &[f32]) -> Option<usize> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &e) in err.iter().enumerate() {
+        if e > 0.0 && best.is_none_or(|b| e > b.1) {
+            best = Some((i, e));
+        }
+    }
+    best.map(|b| b.0)
+}
+
+/// Weighted sum of squared distances to the nearest centroid.
+fn inertia(pts: &[f32], w: &[f32], d: usize, c: &[f32]) -> f64 {
+    let centers = Centers::new(c, d);
+    let parts: Vec<f64> = pts
+        .par_chunks(CHUNK * d)
+        .zip(w.par_chunks(CHUNK))
+        .map(|(p, w)| p.chunks_exact(d).zip(w).map(|(p, &wi)| centers.nearest(p).1 as f64 * wi as f64).sum())
+        .collect();
+    parts.iter().sum()
+}
+
+/// Greedy k-means++ (scikit-learn's seeding): each new centroid is the best of `2 + ln k`
+/// candidates drawn with probability proportional to the weighted squared distance to the
+/// centroids so far, "best" meaning the lowest total weighted distance once it is added.
 fn kmeans_pp(pts: &[f32], w: &[f32], d: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
     let n = w.len();
     let mut c = Vec::with_capacity(k * d);
+    if n == 0 {
+        return c;
+    }
+    let trials = 2 + (k as f64).ln().floor().max(0.0) as usize;
     let first = (rng.next_u64() % n as u64) as usize;
     c.extend_from_slice(&pts[first * d..(first + 1) * d]);
     let mut dist: Vec<f64> = (0..n).map(|i| sq(&pts[i * d..(i + 1) * d], &c[0..d]) as f64 * w[i] as f64).collect();
+    // The potential with a candidate added, summed over fixed chunks in order.
+    let potential = |dist: &[f64], cand: &[f32]| -> f64 {
+        let parts: Vec<f64> = dist
+            .par_chunks(CHUNK)
+            .enumerate()
+            .map(|(ci, dc)| {
+                let mut s = 0f64;
+                for (o, &di) in dc.iter().enumerate() {
+                    let i = ci * CHUNK + o;
+                    s += di.min(sq(&pts[i * d..(i + 1) * d], cand) as f64 * w[i] as f64);
+                }
+                s
+            })
+            .collect();
+        parts.iter().sum()
+    };
     for _ in 1..k {
-        let total: f64 = dist.iter().sum();
-        let mut r = rng.next_f64() * total;
-        let mut pick = n - 1;
-        for (i, &di) in dist.iter().enumerate() {
-            r -= di;
-            if r <= 0.0 {
-                pick = i;
-                break;
+        let sum: f64 = dist.par_chunks(CHUNK).map(|c| c.iter().sum::<f64>()).collect::<Vec<_>>().iter().sum();
+        let mut best: Option<(f64, usize)> = None;
+        for _ in 0..trials {
+            let mut r = rng.next_f64() * sum;
+            let mut pick = n - 1;
+            for (i, &di) in dist.iter().enumerate() {
+                r -= di;
+                if r <= 0.0 {
+                    pick = i;
+                    break;
+                }
+            }
+            let pot = potential(&dist, &pts[pick * d..(pick + 1) * d]);
+            if best.is_none_or(|b| pot < b.0) {
+                best = Some((pot, pick));
             }
         }
-        let start = c.len();
-        c.extend_from_slice(&pts[pick * d..(pick + 1) * d]);
-        let newc = c[start..start + d].to_vec();
+        let pick = best.unwrap().1;
+        let cand = &pts[pick * d..(pick + 1) * d];
+        c.extend_from_slice(cand);
         dist.par_iter_mut().enumerate().for_each(|(i, di)| {
-            let e = sq(&pts[i * d..(i + 1) * d], &newc) as f64 * w[i] as f64;
-            if e < *di {
-                *di = e;
-            }
+            *di = di.min(sq(&pts[i * d..(i + 1) * d], cand) as f64 * w[i] as f64);
         });
     }
     c
+}
+
+#[inline]
+fn sq_d<const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32 {
+    let mut e = 0f32;
+    for t in 0..D {
+        e += (a[t] - b[t]) * (a[t] - b[t]);
+    }
+    e
 }
 
 #[inline]
@@ -226,43 +701,8 @@ fn sq(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Index of the nearest centroid (ties → lowest index) and its squared distance.
-#[inline]
 pub fn nearest(codebook: &[f32], d: usize, p: &[f32]) -> (usize, f32) {
-    if d == 2 {
-        return nearest2(codebook, p[0], p[1]);
-    }
-    let mut best = (0, f32::MAX);
-    for (q, c) in codebook.chunks_exact(d).enumerate() {
-        let e = sq(p, c);
-        if e < best.1 {
-            best = (q, e);
-        }
-    }
-    best
-}
-
-/// Two-dimensional case, the hot loop of vector fits and rounders: distances to all
-/// centroids first (a loop the compiler vectorizes), then the argmin.
-#[inline]
-fn nearest2(codebook: &[f32], x: f32, y: f32) -> (usize, f32) {
-    let k = codebook.len() / 2;
-    // Structure-of-arrays copy so the distance loop vectorizes (K ≤ 256).
-    let (mut cx, mut cy, mut dist) = ([0f32; 256], [0f32; 256], [0f32; 256]);
-    for (q, c) in codebook.chunks_exact(2).enumerate() {
-        cx[q] = c[0];
-        cy[q] = c[1];
-    }
-    for q in 0..k {
-        let (dx, dy) = (x - cx[q], y - cy[q]);
-        dist[q] = dx * dx + dy * dy;
-    }
-    let mut best = (0, dist[0]);
-    for (q, &e) in dist[..k].iter().enumerate().skip(1) {
-        if e < best.1 {
-            best = (q, e);
-        }
-    }
-    best
+    Centers::new(codebook, d).nearest(p)
 }
 
 #[cfg(test)]
@@ -309,5 +749,85 @@ mod tests {
             assert!(e < 0.01, "center {x},{y} → centroid {q} at distance² {e}: {c:?}");
         }
         assert_eq!(fit_vector(&pts, 2, None, 3, 5), c, "same seed, same result");
+    }
+
+    #[test]
+    fn kmeans_recovers_a_planted_mixture_of_64() {
+        // 64 well-separated centers on a jittered 8 × 8 lattice, unequal cluster sizes and
+        // weights: every center is found within the noise of its cluster mean.
+        let mut r = Rng::new(17);
+        let centers: Vec<(f32, f32)> = (0..64)
+            .map(|i| {
+                ((i % 8) as f32 * 2.0 + 0.3 * r.next_f64() as f32, (i / 8) as f32 * 2.0 + 0.3 * r.next_f64() as f32)
+            })
+            .collect();
+        let noise = gaussian(400_000, 23);
+        let (mut pts, mut w) = (Vec::new(), Vec::new());
+        for i in 0..200_000 {
+            let (x, y) = centers[(i * 7 + i / 3) % 64];
+            pts.push(x + 0.1 * noise[2 * i]);
+            pts.push(y + 0.1 * noise[2 * i + 1]);
+            w.push(1.0 + (i % 5) as f32);
+        }
+        for weights in [None, Some(&w[..])] {
+            let c = fit_vector(&pts, 2, weights, 64, 5);
+            for &(x, y) in &centers {
+                let (q, e) = nearest(&c, 2, &[x, y]);
+                assert!(e < 1e-3, "center {x},{y} → centroid {q} at distance² {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn kmeans_is_deterministic_and_thread_count_independent() {
+        let v = gaussian(2 * 300_000, 4);
+        let fit = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| fit_vector(&v, 2, None, 64, 9))
+        };
+        let a = fit(1);
+        assert_eq!(fit(2), a);
+        assert_eq!(fit(3), a);
+        assert!(a.iter().all(|&x| f16_round(x) == x));
+        assert_ne!(fit_vector(&v, 2, None, 64, 10), a, "the seed matters");
+    }
+
+    #[test]
+    fn grid_lookup_is_the_full_scan() {
+        // Random codebooks (some with duplicated and coincident centroids), points inside, on
+        // the edges of and far outside the grid: the same index as the scan, ties included.
+        let mut r = Rng::new(8);
+        for (k, spread) in [(16usize, 1.0f32), (64, 1.0), (64, 0.01), (256, 3.0)] {
+            let mut cb = normal_samples(&mut r, 2 * k);
+            cb.iter_mut().for_each(|x| *x = f16_round(*x * spread));
+            cb[2] = cb[0];
+            cb[3] = cb[1];
+            let c = Centers::new(&cb, 2);
+            assert!(c.grid.is_some());
+            let mut pts = normal_samples(&mut r, 200_000);
+            pts.iter_mut().enumerate().for_each(|(i, x)| *x *= spread * if i % 1000 == 0 { 50.0 } else { 1.5 });
+            // Points exactly at centroids and halfway between two of them (ties).
+            for q in 0..k {
+                pts.extend_from_slice(&cb[2 * q..2 * q + 2]);
+                let o = (q + 1) % k;
+                pts.push(0.5 * (cb[2 * q] + cb[2 * o]));
+                pts.push(0.5 * (cb[2 * q + 1] + cb[2 * o + 1]));
+            }
+            for p in pts.chunks_exact(2) {
+                let want = c.scan(p);
+                assert_eq!(c.nearest(p), want, "k {k}, point {p:?}");
+                assert_eq!(c.index(p), want.0, "k {k}, point {p:?}");
+                let (b, e, lower) = c.nearest_bounded(p);
+                assert_eq!((b, e), want);
+                for (q, cq) in cb.chunks_exact(2).enumerate() {
+                    if q != b && cq != &cb[2 * b..2 * b + 2] {
+                        assert!(sq(p, cq).sqrt() >= lower, "k {k}: bound {lower} above centroid {q}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -60,6 +60,10 @@ impl Hessian {
 }
 
 /// In-place lower Cholesky factor of a symmetric positive definite matrix.
+///
+/// The dot products run four rows at a time, each row's in its own order (`k` ascending, as a
+/// one-row loop would), so the rows keep each other's latency hidden without any change to the
+/// arithmetic.
 fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
     for j in 0..n {
         let mut d = a[j * n + j];
@@ -73,12 +77,31 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
         a[j * n + j] = d;
         let (head, tail) = a.split_at_mut((j + 1) * n);
         let rowj = &head[j * n..j * n + j];
-        tail.par_chunks_mut(n).for_each(|ri| {
-            let mut s = ri[j];
-            for k in 0..j {
-                s -= ri[k] * rowj[k];
+        tail.par_chunks_mut(4 * n).for_each(|rows| {
+            if rows.len() == 4 * n {
+                let (r0, rest) = rows.split_at_mut(n);
+                let (r1, rest) = rest.split_at_mut(n);
+                let (r2, r3) = rest.split_at_mut(n);
+                let mut s = [r0[j], r1[j], r2[j], r3[j]];
+                for (k, &b) in rowj.iter().enumerate() {
+                    s[0] -= r0[k] * b;
+                    s[1] -= r1[k] * b;
+                    s[2] -= r2[k] * b;
+                    s[3] -= r3[k] * b;
+                }
+                r0[j] = s[0] / d;
+                r1[j] = s[1] / d;
+                r2[j] = s[2] / d;
+                r3[j] = s[3] / d;
+            } else {
+                for ri in rows.chunks_mut(n) {
+                    let mut s = ri[j];
+                    for k in 0..j {
+                        s -= ri[k] * rowj[k];
+                    }
+                    ri[j] = s / d;
+                }
             }
-            ri[j] = s / d;
         });
     }
     for i in 0..n {
@@ -90,27 +113,60 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
 }
 
 /// Inverse of a lower-triangular matrix (lower-triangular).
+///
+/// Column `j` of `L⁻¹` solves `L x = e_j`; columns are independent and go four at a time, each
+/// with its own sums in its own order (as a one-column loop would).
 fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
-    // Column j of L⁻¹ solves L x = e_j; columns are independent.
-    let cols: Vec<Vec<f64>> = (0..n)
+    let groups: Vec<Vec<Vec<f64>>> = (0..n.div_ceil(4))
         .into_par_iter()
-        .map(|j| {
-            let mut x = vec![0f64; n];
-            x[j] = 1.0 / l[j * n + j];
-            for i in j + 1..n {
-                let mut s = 0.0;
-                for k in j..i {
-                    s += l[i * n + k] * x[k];
-                }
-                x[i] = -s / l[i * n + i];
+        .map(|g| {
+            let j0 = 4 * g;
+            let m = (n - j0).min(4);
+            let mut xs = vec![vec![0f64; n]; m];
+            for (c, x) in xs.iter_mut().enumerate() {
+                x[j0 + c] = 1.0 / l[(j0 + c) * n + j0 + c];
             }
-            x
+            for i in j0 + 1..n {
+                let li = &l[i * n..(i + 1) * n];
+                let mut s = [0f64; 4];
+                // The terms k < j0 + m − 1 that only some columns have, then the common ones.
+                let common = (j0 + m - 1).min(i);
+                for (c, x) in xs.iter().enumerate() {
+                    for k in j0 + c..common {
+                        s[c] += li[k] * x[k];
+                    }
+                }
+                if m == 4 {
+                    let (x0, x1, x2, x3) = (&xs[0], &xs[1], &xs[2], &xs[3]);
+                    for k in common..i {
+                        s[0] += li[k] * x0[k];
+                        s[1] += li[k] * x1[k];
+                        s[2] += li[k] * x2[k];
+                        s[3] += li[k] * x3[k];
+                    }
+                } else {
+                    for (c, x) in xs.iter().enumerate() {
+                        for k in common.max(j0 + c)..i {
+                            s[c] += li[k] * x[k];
+                        }
+                    }
+                }
+                for (c, x) in xs.iter_mut().enumerate() {
+                    if i > j0 + c {
+                        x[i] = -s[c] / li[i];
+                    }
+                }
+            }
+            xs
         })
         .collect();
     let mut inv = vec![0f64; n * n];
-    for (j, c) in cols.iter().enumerate() {
-        for i in j..n {
-            inv[i * n + j] = c[i];
+    for (g, xs) in groups.iter().enumerate() {
+        for (c, x) in xs.iter().enumerate() {
+            let j = 4 * g + c;
+            for i in j..n {
+                inv[i * n + j] = x[i];
+            }
         }
     }
     inv
@@ -174,7 +230,7 @@ pub fn gptq(wn: &mut [f32], out: usize, cin: usize, hess: &[f64], codebook: &[f3
         }
     }
     let groups = out / d;
-    let rounder = Rounder { codebook, d };
+    let rounder = Rounder::new(codebook, d);
     let mut idx_p = vec![0u8; groups * n];
     let mut i1 = 0;
     while i1 < n {

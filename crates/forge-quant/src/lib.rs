@@ -1,6 +1,7 @@
 //! Forge quantization: codebook fitting, quantization methods, plans, exports, evaluation.
 pub mod calib;
 pub mod calib_gen;
+pub mod check;
 pub mod eval;
 pub mod export;
 pub mod fit;
@@ -11,4 +12,5 @@ pub mod plan;
 pub mod preset;
 pub mod quantize;
 pub mod quantize_matrix;
+pub mod recipe;
 pub mod synth;

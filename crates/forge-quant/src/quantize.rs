@@ -20,11 +20,13 @@ use forge_model::linear::{LowRank, Observer, Weight};
 use forge_model::model::{Embedding, Mixer, Model};
 use forge_model::Linear;
 use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -63,9 +65,144 @@ pub struct Options {
     pub stop_before_layer: Option<usize>,
     /// Calibration (GPTQ).
     pub calib: Option<CalibConfig>,
-    /// Weight codebook fits by `diag(H)` (ANEMLL Forge's AW=1).
+    /// Weight codebook fits by `diag(H)` (ANEMLL Forge's AW=1); needs calibration.
     pub aw: bool,
     pub lowrank: Option<LowRankConfig>,
+    /// Tokens of the end-of-run check ([`crate::check`]); 0 skips it.
+    pub check_tokens: usize,
+}
+
+/// The stages a run's wall time is reported in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Opening the checkpoint, loading the model and the calibration rows.
+    Load,
+    /// Calibration passes through the model (without the Hessian accumulation).
+    CalibForward,
+    /// Accumulating, finishing and rotating the Hessians.
+    Hessians,
+    /// Codebook fits and round-to-nearest assignment.
+    Fit,
+    Gptq,
+    LowRank,
+    /// Writing the export's files.
+    Write,
+    /// The end-of-run check: the source's and the export's logits on the check rows.
+    Check,
+    /// Everything else: weight rotations, error figures, bookkeeping.
+    Other,
+}
+
+pub const STAGES: [Stage; 9] = [
+    Stage::Load,
+    Stage::CalibForward,
+    Stage::Hessians,
+    Stage::Fit,
+    Stage::Gptq,
+    Stage::LowRank,
+    Stage::Write,
+    Stage::Check,
+    Stage::Other,
+];
+
+impl Stage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Load => "load",
+            Stage::CalibForward => "calibration forward",
+            Stage::Hessians => "Hessians",
+            Stage::Fit => "fit",
+            Stage::Gptq => "GPTQ",
+            Stage::LowRank => "low-rank",
+            Stage::Write => "write",
+            Stage::Check => "check",
+            Stage::Other => "other",
+        }
+    }
+    /// Key in the JSON report.
+    pub fn key(self) -> &'static str {
+        match self {
+            Stage::Load => "load",
+            Stage::CalibForward => "calib_forward",
+            Stage::Hessians => "hessians",
+            Stage::Fit => "fit",
+            Stage::Gptq => "gptq",
+            Stage::LowRank => "lowrank",
+            Stage::Write => "write",
+            Stage::Check => "check",
+            Stage::Other => "other",
+        }
+    }
+}
+
+/// Seconds per stage, summed over the run.
+#[derive(Debug, Default)]
+pub struct Timings {
+    secs: Mutex<[f64; STAGES.len()]>,
+}
+
+impl Timings {
+    pub fn add(&self, stage: Stage, secs: f64) {
+        self.secs.lock().unwrap()[stage as usize] += secs;
+    }
+    pub fn time<T>(&self, stage: Stage, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        self.add(stage, t.elapsed().as_secs_f64());
+        r
+    }
+    pub fn get(&self, stage: Stage) -> f64 {
+        self.secs.lock().unwrap()[stage as usize]
+    }
+    /// Run `f`, whose stages overlap in time (matrices quantized concurrently), and scale what
+    /// it added to the stages down to its wall time, so that the stages still add up.
+    pub fn concurrent<T>(&self, f: impl FnOnce() -> T) -> T {
+        let before = *self.secs.lock().unwrap();
+        let t = Instant::now();
+        let r = f();
+        let wall = t.elapsed().as_secs_f64();
+        let mut s = self.secs.lock().unwrap();
+        let added: f64 = s.iter().zip(&before).map(|(a, b)| a - b).sum();
+        if added > wall {
+            for (a, b) in s.iter_mut().zip(&before) {
+                *a = b + (*a - b) * wall / added;
+            }
+        }
+        r
+    }
+}
+
+/// What a run produced besides its files.
+#[derive(Debug)]
+pub struct Outcome {
+    pub manifest: Value,
+    /// Seconds per stage ([`Stage::Other`] is the wall time no other stage accounts for).
+    pub stages: Vec<(Stage, f64)>,
+    pub total_seconds: f64,
+    pub check: Option<crate::check::Check>,
+}
+
+impl Outcome {
+    pub fn stages_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        for (s, t) in &self.stages {
+            m.insert(s.key().to_string(), json!((t * 1000.0).round() / 1000.0));
+        }
+        m.insert("total".to_string(), json!((self.total_seconds * 1000.0).round() / 1000.0));
+        Value::Object(m)
+    }
+
+    /// The per-stage table printed at the end of a run.
+    pub fn stages_table(&self) -> String {
+        let mut s = format!("{:<22} {:>9} {:>6}\n", "stage", "seconds", "share");
+        for (st, t) in &self.stages {
+            if *t > 0.0005 {
+                s += &format!("{:<22} {:>9.2} {:>5.1}%\n", st.name(), t, 100.0 * t / self.total_seconds.max(1e-9));
+            }
+        }
+        s += &format!("{:<22} {:>9.2}\n", "total", self.total_seconds);
+        s
+    }
 }
 
 /// Low-rank residual correction.
@@ -147,7 +284,12 @@ fn rotate_hessian(h: &[f64], n: usize, r: &Rotation) -> Vec<f64> {
 }
 
 /// Quantize one linear layer: returns the export entry and the quantized `Linear`.
-fn quantize_linear(lin: &Linear, o: &Options, stats: Option<&InputStats>) -> Result<(MatrixEntry, Linear)> {
+fn quantize_linear(
+    lin: &Linear,
+    o: &Options,
+    stats: Option<&InputStats>,
+    tm: &Timings,
+) -> Result<(MatrixEntry, Linear)> {
     let name = &lin.name;
     let plan = &o.plan;
     let format = plan.format_for(name)?;
@@ -172,36 +314,42 @@ fn quantize_linear(lin: &Linear, o: &Options, stats: Option<&InputStats>) -> Res
         // Release 0.2: factors from the round-to-nearest error, then quantize W − AB.
         let mut wr = w.clone();
         rotate(&mut wr);
-        let rtn = quantize_rtn(&wr, out, cin, format, None, seed)?;
-        let mut back = rtn.reconstruct();
-        if let Some(r) = &rot {
-            r.unrotate_weight(&mut back, out);
-        }
-        let e: Vec<f32> = w.iter().zip(&back).map(|(a, b)| a - b).collect();
-        let (a, b) = lowrank_factors(&e, out, cin, c.rank, seed ^ 0x5EED);
+        let (a, b) = tm.time(Stage::LowRank, || -> Result<_> {
+            let rtn = quantize_rtn(&wr, out, cin, format, None, seed)?;
+            let mut back = rtn.reconstruct();
+            if let Some(r) = &rot {
+                r.unrotate_weight(&mut back, out);
+            }
+            let e: Vec<f32> = w.iter().zip(&back).map(|(a, b)| a - b).collect();
+            Ok(lowrank_factors(&e, out, cin, c.rank, seed ^ 0x5EED))
+        })?;
         let ab = dense_ab(&a, &b, out, c.rank, cin);
         target.iter_mut().zip(&ab).for_each(|(t, x)| *t -= x);
         inside_ab = Some((a, b));
     }
     rotate(&mut target);
-    let h_fit = match (stats, &rot) {
+    let h_fit = tm.time(Stage::Hessians, || match (stats, &rot) {
         (Some(s), Some(r)) => Some(rotate_hessian(&s.fit.finish(), cin, r)),
         (Some(s), None) => Some(s.fit.finish()),
         _ => None,
-    };
+    });
     let q = match (&h_fit, format.is_lut()) {
         (Some(h), true) if o.method == Method::Gptq => {
             let scale = row_scales(&target, out, cin);
             let mut wn = normalize(&target, cin, &scale);
             let diag: Vec<f32> = (0..cin).map(|i| h[i * cin + i] as f32).collect();
-            let cb = fit_codebook(&wn, out, cin, format, o.aw.then_some(&diag[..]), seed);
-            let idx = gptq(&mut wn, out, cin, h, &cb, format.vec_dim()).with_context(|| format!("GPTQ of {name}"))?;
+            let cb = tm.time(Stage::Fit, || fit_codebook(&wn, out, cin, format, o.aw.then_some(&diag[..]), seed));
+            let idx = tm
+                .time(Stage::Gptq, || gptq(&mut wn, out, cin, h, &cb, format.vec_dim()))
+                .with_context(|| format!("GPTQ of {name}"))?;
             QuantMatrix::Lut(LutMatrix { format, cout: out, cin, codebook: cb, idx: idx.into(), scale })
         }
         _ => {
             let diag: Option<Vec<f32>> = h_fit.as_ref().map(|h| (0..cin).map(|i| h[i * cin + i] as f32).collect());
-            quantize_rtn(&target, out, cin, format, if o.aw { diag.as_deref() } else { None }, seed)
-                .with_context(|| format!("quantizing {name}"))?
+            tm.time(Stage::Fit, || {
+                quantize_rtn(&target, out, cin, format, if o.aw { diag.as_deref() } else { None }, seed)
+            })
+            .with_context(|| format!("quantizing {name}"))?
         }
     };
     // Effective weight in the original basis, for the error figures and the low-rank fit.
@@ -213,7 +361,7 @@ fn quantize_linear(lin: &Linear, o: &Options, stats: Option<&InputStats>) -> Res
         (Some((a, b)), Some(c)) => Some((c.rank, a, b)),
         (None, Some(c)) => {
             let e: Vec<f32> = w.iter().zip(&eff).map(|(a, b)| a - b).collect();
-            let (a, b) = lowrank_factors(&e, out, cin, c.rank, seed ^ 0x5EED);
+            let (a, b) = tm.time(Stage::LowRank, || lowrank_factors(&e, out, cin, c.rank, seed ^ 0x5EED));
             Some((c.rank, a, b))
         }
         _ => None,
@@ -262,15 +410,19 @@ fn dense_ab(a: &[f32], b: &[f32], out: usize, r: usize, cin: usize) -> Vec<f32> 
 struct StatsObserver {
     stats: InputStats,
     holdout: bool,
+    /// Seconds spent accumulating (reported as the Hessians stage, not the forward).
+    secs: f64,
 }
 
 impl Observer for StatsObserver {
     fn observe(&mut self, _name: &str, x: &[f32], t: usize) {
+        let t0 = Instant::now();
         if self.holdout {
             self.stats.hold.add(x, t)
         } else {
             self.stats.fit.add(x, t)
         }
+        self.secs += t0.elapsed().as_secs_f64();
     }
 }
 
@@ -284,44 +436,112 @@ struct Calib {
 impl Calib {
     /// Run layer `l` over every row (fresh state per row); with `observe`, gather the input
     /// statistics of that linear; with `advance`, keep the outputs as the next layer's inputs.
+    ///
+    /// A pass that only observes needs no more of the layer than the observed linear's input:
+    /// the token mixer's inputs are the input norm of the rows (no forward at all), and the mixer
+    /// output and the MLP input come before the MLP, which such a pass runs at width 1. The
+    /// statistics are the same numbers a full forward gives.
     fn pass(
         &mut self,
         model: &mut Model,
         l: usize,
         observe: Option<usize>,
         advance: bool,
+        tm: &Timings,
     ) -> Result<Option<InputStats>> {
+        let t0 = Instant::now();
+        let n_lin = layer_linears(model, l).len();
+        let down = n_lin - 1;
+        if let (Some(0), false) = (observe, advance) {
+            let (stats, secs) = self.input_norm_stats(model, l, tm);
+            tm.add(Stage::CalibForward, t0.elapsed().as_secs_f64() - secs);
+            return Ok(Some(stats));
+        }
+        let stub = !advance && observe.is_some_and(|i| i < down);
+        let saved = stub.then(|| {
+            let h = model.cfg.hidden_size;
+            let zeros = |o: usize, i: usize| forge_core::tensor::HostTensor::from_f32(vec![o, i], vec![0f32; o * i]);
+            let mlp = &mut model.layers[l].mlp;
+            let stand_in = forge_model::model::Mlp {
+                gate: Linear::dense(mlp.gate.name.clone(), zeros(1, h), None),
+                up: Linear::dense(mlp.up.name.clone(), zeros(1, h), None),
+                down: Linear::dense(mlp.down.name.clone(), zeros(h, 1), None),
+            };
+            let width = std::mem::replace(&mut model.cfg.intermediate_size, 1);
+            (std::mem::replace(&mut model.layers[l].mlp, stand_in), width)
+        });
         let obs = observe.map(|i| {
             let dim = model.layer_linears_mut(l)[i].in_f;
             let o = Arc::new(Mutex::new(StatsObserver {
                 stats: InputStats { fit: Hessian::new(dim), hold: Hessian::new(dim) },
                 holdout: false,
+                secs: 0.0,
             }));
             model.layer_linears_mut(l)[i].observer = Some(o.clone() as Arc<Mutex<dyn Observer>>);
             o
         });
         let fresh = forge_model::Session::new(&model.cfg);
         let hidden = model.cfg.hidden_size;
-        for r in 0..self.xs.len() {
-            if let Some(o) = &obs {
-                o.lock().unwrap().holdout = r >= self.n_fit;
+        let mut run = || -> Result<()> {
+            for r in 0..self.xs.len() {
+                if let Some(o) = &obs {
+                    o.lock().unwrap().holdout = r >= self.n_fit;
+                }
+                let mut st = fresh.layers[l].clone();
+                let mut x = self.xs[r].clone();
+                let t = x.len() / hidden;
+                model.forward_layer(l, &mut st, &mut x, t, 0)?;
+                if advance {
+                    self.xs[r] = x;
+                }
             }
-            let mut st = fresh.layers[l].clone();
-            let mut x = self.xs[r].clone();
-            let t = x.len() / hidden;
-            model.forward_layer(l, &mut st, &mut x, t, 0)?;
-            if advance {
-                self.xs[r] = x;
-            }
+            Ok(())
+        };
+        let ran = run();
+        if let Some(i) = observe {
+            model.layer_linears_mut(l)[i].observer = None;
         }
-        Ok(match (observe, obs) {
-            (Some(i), Some(o)) => {
-                model.layer_linears_mut(l)[i].observer = None;
+        if let Some((mlp, width)) = saved {
+            model.layers[l].mlp = mlp;
+            model.cfg.intermediate_size = width;
+        }
+        ran?;
+        let (stats, hess) = match obs {
+            Some(o) => {
                 let o = Arc::try_unwrap(o).map_err(|_| anyhow::anyhow!("observer still shared"))?;
-                Some(o.into_inner().unwrap().stats)
+                let o = o.into_inner().unwrap();
+                (Some(o.stats), o.secs)
             }
-            _ => None,
-        })
+            None => (None, 0.0),
+        };
+        tm.add(Stage::Hessians, hess);
+        tm.add(Stage::CalibForward, t0.elapsed().as_secs_f64() - hess);
+        Ok(stats)
+    }
+
+    /// Statistics of the token mixer's input: the layer's input norm of each row, exactly as
+    /// the forward computes it. Returns them with the seconds spent accumulating.
+    fn input_norm_stats(&self, model: &Model, l: usize, tm: &Timings) -> (InputStats, f64) {
+        let h = model.cfg.hidden_size;
+        let mut st = InputStats { fit: Hessian::new(h), hold: Hessian::new(h) };
+        let norm = &model.layers[l].input_norm;
+        let mut secs = 0.0;
+        for (r, x) in self.xs.iter().enumerate() {
+            let t = x.len() / h;
+            let mut normed = vec![0f32; t * h];
+            for (xi, o) in x.chunks(h).zip(normed.chunks_mut(h)) {
+                forge_kernels::norm::rmsnorm(xi, norm, model.cfg.rms_eps, model.cfg.norm_zero_centered, o);
+            }
+            let t0 = Instant::now();
+            if r >= self.n_fit {
+                st.hold.add(&normed, t)
+            } else {
+                st.fit.add(&normed, t)
+            }
+            secs += t0.elapsed().as_secs_f64();
+        }
+        tm.add(Stage::Hessians, secs);
+        (st, secs)
     }
 }
 
@@ -342,7 +562,9 @@ fn put_linear(model: &mut Model, l: Option<usize>, i: usize, lin: Linear) {
 }
 
 /// Run the quantization; returns the export's manifest.
-pub fn quantize(o: &Options) -> Result<Value> {
+pub fn quantize(o: &Options) -> Result<Outcome> {
+    let t_start = Instant::now();
+    let tm = Timings::default();
     let out = &o.output;
     if out.join(forge_model::export::MANIFEST).exists() {
         bail!("{}: already a complete export (remove it to quantize again)", out.display());
@@ -355,7 +577,11 @@ pub fn quantize(o: &Options) -> Result<Value> {
         "lowrank": o.lowrank.as_ref().map(|c| json!({
             "rank": c.rank, "parts": c.parts.iter().map(|p| p.name()).collect::<Vec<_>>(), "inside_gptq": c.inside,
         })),
+        "check_tokens": o.check_tokens,
     });
+    if o.aw && o.calib.is_none() {
+        bail!("activation-weighted fits need calibration data");
+    }
     if out.exists() && std::fs::read_dir(out)?.next().is_some() {
         if !o.resume {
             bail!("{}: output directory is not empty (use --resume to continue an interrupted run)", out.display());
@@ -371,11 +597,29 @@ pub fn quantize(o: &Options) -> Result<Value> {
         std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
         write_atomic(&partial, serde_json::to_string_pretty(&opts_json)?.as_bytes())?;
     }
+    let t_load = Instant::now();
     let (ck, cfg) = Checkpoint::open(&o.source)?;
     o.plan.check_layers(cfg.num_layers)?;
     let tied = cfg.tie_embeddings;
     let mut model = Model::load(&ck, cfg)?;
     let n_layers = model.layers.len();
+    let tok = forge_model::load::load_tokenizer(&ck).ok();
+    tm.add(Stage::Load, t_load.elapsed().as_secs_f64());
+    // The source's distribution on the check rows, before any matrix changes.
+    let teacher = (o.check_tokens > 0)
+        .then(|| {
+            tm.time(Stage::Check, || {
+                let (rows, text) = crate::check::check_rows(tok.as_ref(), model.cfg.vocab_size, o.check_tokens);
+                crate::check::Teacher::new(&model, rows, text)
+            })
+        })
+        .transpose()?;
+    let quantized: Vec<(String, usize)> = (0..n_layers)
+        .flat_map(|l| {
+            layer_linears(&model, l).into_iter().map(|x| (x.name.clone(), x.out_f * x.in_f)).collect::<Vec<_>>()
+        })
+        .chain([(model.head.name.clone(), model.head.out_f * model.head.in_f)])
+        .collect();
     let n_mats: usize = (0..n_layers).map(|l| layer_linears(&model, l).len()).sum::<usize>() + 1;
     let pb = ProgressBar::new(n_mats as u64);
     pb.set_style(
@@ -387,10 +631,10 @@ pub fn quantize(o: &Options) -> Result<Value> {
     );
     pb.set_prefix(o.method.name());
     let reader = forge_model::export::Export::open_partial(out)?;
-    // Calibration rows → embeddings (GPTQ only).
+    // Calibration rows → embeddings (GPTQ needs them; RTN uses them for activation-weighted fits).
+    let t_cal = Instant::now();
     let mut cal = match (o.method, &o.calib) {
-        (Method::Gptq, Some(c)) => {
-            let tok = forge_model::load::load_tokenizer(&ck).ok();
+        (_, Some(c)) => {
             let rows = crate::calib::load_rows(tok.as_ref(), &c.spec, c.seq)?;
             if c.holdout >= rows.len() {
                 bail!("holding out {} of {} calibration rows leaves none to fit", c.holdout, rows.len());
@@ -401,6 +645,7 @@ pub fn quantize(o: &Options) -> Result<Value> {
         (Method::Gptq, None) => bail!("GPTQ needs calibration data"),
         _ => None,
     };
+    tm.add(Stage::Load, t_cal.elapsed().as_secs_f64());
     let head_file = out.join("lm_head.safetensors");
     let quantize_head = |model: &mut Model, stats: Option<&InputStats>| -> Result<()> {
         if o.resume && head_file.exists() {
@@ -409,9 +654,9 @@ pub fn quantize(o: &Options) -> Result<Value> {
             model.head = lin;
         } else {
             pb.set_message("lm_head");
-            let (e, lin) = quantize_linear(&model.head, o, stats)?;
+            let (e, lin) = quantize_linear(&model.head, o, stats, &tm)?;
             let meta = [("format".to_string(), e.q.format().long_name().to_string())].into();
-            write_file(&head_file, "head", &[e], &meta)?;
+            tm.time(Stage::Write, || write_file(&head_file, "head", &[e], &meta))?;
             model.head = lin;
         }
         pb.inc(1);
@@ -425,17 +670,21 @@ pub fn quantize(o: &Options) -> Result<Value> {
                 let mut st =
                     InputStats { fit: Hessian::new(model.cfg.hidden_size), hold: Hessian::new(model.cfg.hidden_size) };
                 for (r, row) in rows.iter().enumerate() {
+                    let t0 = Instant::now();
                     let mut s = model.new_session();
                     let mut x = c.xs[r].clone();
                     for l in 0..n_layers {
                         model.forward_layer(l, &mut s.layers[l], &mut x, row.len(), 0)?;
                     }
                     let normed = final_norm_rows(&model, &x, row.len());
-                    if r >= c.n_fit {
-                        st.hold.add(&normed, row.len())
-                    } else {
-                        st.fit.add(&normed, row.len())
-                    }
+                    tm.add(Stage::CalibForward, t0.elapsed().as_secs_f64());
+                    tm.time(Stage::Hessians, || {
+                        if r >= c.n_fit {
+                            st.hold.add(&normed, row.len())
+                        } else {
+                            st.fit.add(&normed, row.len())
+                        }
+                    });
                 }
                 Some(st)
             }
@@ -444,7 +693,7 @@ pub fn quantize(o: &Options) -> Result<Value> {
         quantize_head(&mut model, stats.as_ref())?;
         model.embed = Embedding::TiedHead;
         if let Some((c, rows)) = &mut cal {
-            c.xs = rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>()?;
+            c.xs = tm.time(Stage::CalibForward, || rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>())?;
         }
     }
     for l in 0..n_layers {
@@ -465,28 +714,46 @@ pub fn quantize(o: &Options) -> Result<Value> {
                 put_linear(&mut model, Some(l), i, lin);
             }
             if let Some((c, _)) = &mut cal {
-                c.pass(&mut model, l, None, true)?;
+                c.pass(&mut model, l, None, true, &tm)?;
             }
             pb.inc(names.len() as u64);
             continue;
         }
         let mut entries: Vec<Option<MatrixEntry>> = (0..names.len()).map(|_| None).collect();
-        for g in groups(&model, l) {
+        if cal.is_none() {
+            // Without calibration no matrix depends on another: quantize the layer's matrices
+            // concurrently (each result depends only on its own inputs and seed).
+            pb.set_message(format!("layer {l}"));
+            let lins: Vec<Linear> = layer_linears(&model, l).into_iter().cloned().collect();
+            let done = tm.concurrent(|| {
+                lins.par_iter().map(|lin| quantize_linear(lin, o, None, &tm)).collect::<Result<Vec<_>>>()
+            })?;
+            for (i, (e, q)) in done.into_iter().enumerate() {
+                put_linear(&mut model, Some(l), i, q);
+                entries[i] = Some(e);
+            }
+            pb.inc(names.len() as u64);
+        }
+        let calibrated = cal.is_some();
+        for g in groups(&model, l).into_iter().filter(|_| calibrated) {
             let stats = match &mut cal {
-                Some((c, _)) => c.pass(&mut model, l, Some(g[0]), false)?,
+                Some((c, _)) => c.pass(&mut model, l, Some(g[0]), false, &tm)?,
                 None => None,
             };
-            for &i in &g {
-                pb.set_message(names[i].0.clone());
-                let lin = model.layer_linears_mut(l)[i].clone();
-                let (e, q) = quantize_linear(&lin, o, stats.as_ref())?;
+            // The group's matrices share their statistics and nothing else: fit them concurrently.
+            pb.set_message(names[g[0]].0.clone());
+            let lins: Vec<Linear> = g.iter().map(|&i| model.layer_linears_mut(l)[i].clone()).collect();
+            let done = tm.concurrent(|| {
+                lins.par_iter().map(|lin| quantize_linear(lin, o, stats.as_ref(), &tm)).collect::<Result<Vec<_>>>()
+            })?;
+            for (&i, (e, q)) in g.iter().zip(done) {
                 put_linear(&mut model, Some(l), i, q);
                 entries[i] = Some(e);
                 pb.inc(1);
             }
         }
         if let Some((c, _)) = &mut cal {
-            c.pass(&mut model, l, None, true)?;
+            c.pass(&mut model, l, None, true, &tm)?;
         }
         let (mut mixer, mut mlp) = (Vec::new(), Vec::new());
         for e in entries.into_iter().flatten() {
@@ -499,7 +766,7 @@ pub fn quantize(o: &Options) -> Result<Value> {
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), mixer[0].q.format().long_name().to_string());
         meta.insert("kv_format".to_string(), o.plan.kv.long_name().to_string());
-        write_file(&mixer_file, "mixer", &mixer, &meta)?;
+        tm.time(Stage::Write, || write_file(&mixer_file, "mixer", &mixer, &meta))?;
         // ANEMLL Forge's file-level rotation metadata (per-matrix keys carry the same facts).
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), mlp[0].q.format().long_name().to_string());
@@ -508,7 +775,7 @@ pub fn quantize(o: &Options) -> Result<Value> {
         meta.insert("seed_in".to_string(), (1000 + l).to_string());
         meta.insert("seed_mid".to_string(), (2000 + l).to_string());
         meta.insert("block".to_string(), mlp[0].rotation.map_or(0, |r| r.1).to_string());
-        write_file(&mlp_file, "mlp", &mlp, &meta)?;
+        tm.time(Stage::Write, || write_file(&mlp_file, "mlp", &mlp, &meta))?;
     }
     if !tied {
         let stats = match &cal {
@@ -518,26 +785,40 @@ pub fn quantize(o: &Options) -> Result<Value> {
                 for (r, x) in c.xs.iter().enumerate() {
                     let t = x.len() / h;
                     let normed = final_norm_rows(&model, x, t);
-                    if r >= c.n_fit {
-                        st.hold.add(&normed, t)
-                    } else {
-                        st.fit.add(&normed, t)
-                    }
+                    tm.time(Stage::Hessians, || {
+                        if r >= c.n_fit {
+                            st.hold.add(&normed, t)
+                        } else {
+                            st.fit.add(&normed, t)
+                        }
+                    });
                 }
                 Some(st)
             }
             None => None,
         };
         quantize_head(&mut model, stats.as_ref())?;
-        let source = Model::load(&ck, model.cfg.clone())?;
-        if let Embedding::Table(t) = &source.embed {
-            let (v, h) = (model.cfg.vocab_size, model.cfg.hidden_size);
-            let mut table = vec![0f32; v * h];
-            t.floats()?.read_into(0, &mut table);
-            write_embedding(&out.join("embed.safetensors"), &table, v, h)?;
-        }
+        tm.time(Stage::Write, || -> Result<()> {
+            let source = Model::load(&ck, model.cfg.clone())?;
+            if let Embedding::Table(t) = &source.embed {
+                let (v, h) = (model.cfg.vocab_size, model.cfg.hidden_size);
+                let mut table = vec![0f32; v * h];
+                t.floats()?.read_into(0, &mut table);
+                write_embedding(&out.join("embed.safetensors"), &table, v, h)?;
+            }
+            Ok(())
+        })?;
     }
     pb.finish_and_clear();
+    let check = match &teacher {
+        Some(t) => Some(tm.time(Stage::Check, || -> Result<_> {
+            let (kl, top1, n) = t.measure(&model)?;
+            let expected = crate::check::plan_expectation(&o.plan, o.method, &quantized)?;
+            let low = crate::check::low_snr(out)?;
+            Ok(crate::check::Check::judge(kl, top1, n, t.text.clone(), expected, low))
+        })?),
+        None => None,
+    };
     let manifest = json!({
         "forge_version": TOOL_VERSION,
         "export_format": 1,
@@ -550,10 +831,17 @@ pub fn quantize(o: &Options) -> Result<Value> {
         "options": opts_json,
         "tied_embeddings": tied,
         "embedding": if tied { "tied to lm_head" } else { "embed.safetensors (FP16)" },
+        "check": check.as_ref().map(|c| c.to_json()),
     });
-    write_atomic(&out.join(forge_model::export::MANIFEST), serde_json::to_string_pretty(&manifest)?.as_bytes())?;
+    tm.time(Stage::Write, || {
+        write_atomic(&out.join(forge_model::export::MANIFEST), serde_json::to_string_pretty(&manifest)?.as_bytes())
+    })?;
     let _ = std::fs::remove_file(&partial);
-    Ok(manifest)
+    let total_seconds = t_start.elapsed().as_secs_f64();
+    let named: f64 = STAGES.iter().filter(|&&s| s != Stage::Other).map(|&s| tm.get(s)).sum();
+    tm.add(Stage::Other, (total_seconds - named).max(0.0));
+    let stages = STAGES.iter().map(|&s| (s, tm.get(s))).collect();
+    Ok(Outcome { manifest, stages, total_seconds, check })
 }
 
 fn final_norm_rows(model: &Model, x: &[f32], t: usize) -> Vec<f32> {

@@ -1,7 +1,7 @@
 //! One matrix through one format: per-row scales, codebook fit, round-to-nearest, and the
 //! error figures. GPTQ reuses the scales, codebook and `Rounder` from here.
 
-use crate::fit::{f16_round, fit_scalar, fit_vector, nearest};
+use crate::fit::{f16_round, fit_scalar, fit_vector, Centers};
 use anyhow::{bail, Result};
 use forge_kernels::lut::{Format, Int8Matrix, LutMatrix};
 use rayon::prelude::*;
@@ -97,35 +97,42 @@ pub fn fit_codebook(wn: &[f32], cout: usize, cin: usize, format: Format, col_w: 
 
 /// Chooses the representable value for a group of `d` normalized weights (GPTQ's rounder).
 pub struct Rounder<'a> {
-    pub codebook: &'a [f32],
-    pub d: usize,
+    /// The sorted scalar codebook (`d = 1`).
+    codebook: &'a [f32],
+    /// Vector codebooks, laid out for the nearest-centroid scan.
+    centers: Option<Centers>,
 }
 
-impl Rounder<'_> {
-    /// Nearest codebook index for `p` (`d` values).
+impl<'a> Rounder<'a> {
+    pub fn new(codebook: &'a [f32], d: usize) -> Rounder<'a> {
+        Rounder { codebook, centers: (d > 1).then(|| Centers::new(codebook, d)) }
+    }
+
+    /// Nearest codebook index for `p` (`d` values; ties → lowest index).
     #[inline]
     pub fn round(&self, p: &[f32]) -> usize {
-        if self.d == 1 {
-            // Sorted scalar codebook: binary search then compare neighbours.
-            let c = self.codebook;
-            let x = p[0];
-            let i = c.partition_point(|&v| v < x);
-            if i == 0 {
-                0
-            } else if i == c.len() || (x - c[i - 1]).abs() <= (c[i] - x).abs() {
-                i - 1
-            } else {
-                i
+        match &self.centers {
+            Some(c) => c.index(p),
+            None => {
+                // Sorted scalar codebook: binary search then compare neighbours.
+                let c = self.codebook;
+                let x = p[0];
+                let i = c.partition_point(|&v| v < x);
+                if i == 0 {
+                    0
+                } else if i == c.len() || (x - c[i - 1]).abs() <= (c[i] - x).abs() {
+                    i - 1
+                } else {
+                    i
+                }
             }
-        } else {
-            nearest(self.codebook, self.d, p).0
         }
     }
 }
 
 /// Round-to-nearest indices for a normalized matrix given its codebook.
 pub fn assign_rtn(wn: &[f32], cout: usize, cin: usize, codebook: &[f32], d: usize) -> Vec<u8> {
-    let r = Rounder { codebook, d };
+    let r = Rounder::new(codebook, d);
     let groups = cout / d;
     let mut idx = vec![0u8; groups * cin];
     idx.par_chunks_mut(cin).enumerate().for_each(|(g, out)| {
@@ -275,7 +282,7 @@ mod tests {
     #[test]
     fn rounder_is_nearest() {
         let c = [-1.0f32, -0.25, 0.5, 2.0];
-        let r = Rounder { codebook: &c, d: 1 };
+        let r = Rounder::new(&c, 1);
         for x in [-3.0f32, -0.6, -0.2, 0.1, 0.2, 1.24, 1.26, 9.0] {
             let want = c.iter().enumerate().min_by(|a, b| (a.1 - x).abs().total_cmp(&(b.1 - x).abs())).unwrap().0;
             assert_eq!(r.round(&[x]), want, "x={x}");

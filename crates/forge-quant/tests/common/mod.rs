@@ -18,5 +18,6 @@ pub fn rtn_options(source_arg: &str, source: PathBuf, plan: Plan, seed: u64, out
         calib: None,
         aw: false,
         lowrank: None,
+        check_tokens: 0,
     }
 }
