@@ -64,6 +64,11 @@ pub struct Args {
     /// Fit the low-rank factors before GPTQ and quantize W − AB (release 0.2), instead of after.
     #[arg(long)]
     lowrank_inside: bool,
+    /// Block reconstruction: after each LUT matrix's fit, refit its codebook values and per-row
+    /// scales (indices frozen) to the calibration activations in closed form, in up to ROUNDS
+    /// alternations; kept only where it lowers the held-out error. Needs calibration.
+    #[arg(long, value_name = "ROUNDS", num_args = 0..=1, default_missing_value = "4", default_value_t = 0)]
+    reconstruct: usize,
     /// Seed for every random choice (recorded in the export).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -108,6 +113,7 @@ pub fn run(a: Args) -> Result<()> {
         lowrank: a.lowrank,
         lowrank_parts: a.lowrank_parts.clone(),
         lowrank_inside: a.lowrank_inside,
+        reconstruct: a.reconstruct,
     };
     let mut opts = resolve(&choices)?.options(&a.model, source, a.output.clone(), a.seed);
     opts.resume = a.resume;

@@ -13,4 +13,5 @@ pub mod preset;
 pub mod quantize;
 pub mod quantize_matrix;
 pub mod recipe;
+pub mod reconstruct;
 pub mod synth;

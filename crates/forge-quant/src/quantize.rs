@@ -70,6 +70,9 @@ pub struct Options {
     pub lowrank: Option<LowRankConfig>,
     /// Tokens of the end-of-run check ([`crate::check`]); 0 skips it.
     pub check_tokens: usize,
+    /// Block reconstruction rounds after each LUT matrix's fit ([`crate::reconstruct`]); 0: none.
+    /// Needs calibration.
+    pub reconstruct: usize,
 }
 
 /// The stages a run's wall time is reported in.
@@ -84,6 +87,8 @@ pub enum Stage {
     /// Codebook fits and round-to-nearest assignment.
     Fit,
     Gptq,
+    /// Refitting codebooks and scales to the calibration stream.
+    Reconstruct,
     LowRank,
     /// Writing the export's files.
     Write,
@@ -93,12 +98,13 @@ pub enum Stage {
     Other,
 }
 
-pub const STAGES: [Stage; 9] = [
+pub const STAGES: [Stage; 10] = [
     Stage::Load,
     Stage::CalibForward,
     Stage::Hessians,
     Stage::Fit,
     Stage::Gptq,
+    Stage::Reconstruct,
     Stage::LowRank,
     Stage::Write,
     Stage::Check,
@@ -113,6 +119,7 @@ impl Stage {
             Stage::Hessians => "Hessians",
             Stage::Fit => "fit",
             Stage::Gptq => "GPTQ",
+            Stage::Reconstruct => "reconstruction",
             Stage::LowRank => "low-rank",
             Stage::Write => "write",
             Stage::Check => "check",
@@ -127,6 +134,7 @@ impl Stage {
             Stage::Hessians => "hessians",
             Stage::Fit => "fit",
             Stage::Gptq => "gptq",
+            Stage::Reconstruct => "reconstruct",
             Stage::LowRank => "lowrank",
             Stage::Write => "write",
             Stage::Check => "check",
@@ -352,6 +360,23 @@ fn quantize_linear(
             .with_context(|| format!("quantizing {name}"))?
         }
     };
+    let mut st = BTreeMap::new();
+    let q = match (q, &h_fit) {
+        (QuantMatrix::Lut(m), Some(h)) if o.reconstruct > 0 => {
+            let hold = stats.filter(|s| s.hold.rows > 0).map(|s| match &rot {
+                Some(r) => rotate_hessian(&s.hold.finish(), cin, r),
+                None => s.hold.finish(),
+            });
+            let (m, rf) = tm.time(Stage::Reconstruct, || reconstruct_checked(&target, m, h, hold.as_deref(), o));
+            st.insert("recon_fit_gain_db".to_string(), format!("{:.4}", rf.fit_gain_db));
+            if let Some(g) = rf.heldout_gain_db {
+                st.insert("recon_heldout_gain_db".to_string(), format!("{g:.4}"));
+            }
+            st.insert("recon_kept".to_string(), rf.kept.to_string());
+            QuantMatrix::Lut(m)
+        }
+        (q, _) => q,
+    };
     // Effective weight in the original basis, for the error figures and the low-rank fit.
     let mut eff = q.reconstruct();
     if let Some(r) = &rot {
@@ -371,7 +396,6 @@ fn quantize_linear(
         eff.iter_mut().zip(&ab).for_each(|(e, x)| *e += x);
     }
     let (_, key) = crate::export::file_and_key(name)?;
-    let mut st = BTreeMap::new();
     st.insert("snr_db".to_string(), format!("{:.4}", snr_db(&w, &eff)));
     if let Some(s) = stats.filter(|s| s.hold.rows > 0) {
         let h = s.hold.finish();
@@ -394,6 +418,36 @@ fn quantize_linear(
     new.lowrank = lowrank.as_ref().map(|(r, a, b)| LowRank::from_f32(*r, a, b));
     let entry = MatrixEntry { key, q, rotation: rot.map(|r| (r.seed, r.block)), lowrank, stats: st };
     Ok((entry, new))
+}
+
+/// What block reconstruction did to one matrix.
+struct Reconstructed {
+    fit_gain_db: f64,
+    heldout_gain_db: Option<f64>,
+    kept: bool,
+}
+
+/// Refit `m` to `target` under the fitting Hessian, and keep the refit only if it also lowers
+/// the error on the held-out rows (when there are any).
+fn reconstruct_checked(
+    target: &[f32],
+    m: LutMatrix,
+    h: &[f64],
+    hold: Option<&[f64]>,
+    o: &Options,
+) -> (LutMatrix, Reconstructed) {
+    let (new, rf) = crate::reconstruct::refit(target, &m, h, o.reconstruct);
+    if !rf.improved() {
+        return (m, Reconstructed { fit_gain_db: 0.0, heldout_gain_db: None, kept: false });
+    }
+    let heldout_gain_db = hold.map(|hh| {
+        let before = calib_loss(target, &m.reconstruct(), m.cout, m.cin, hh);
+        let after = calib_loss(target, &new.reconstruct(), m.cout, m.cin, hh);
+        10.0 * (before / after.max(1e-300)).log10()
+    });
+    let kept = heldout_gain_db.is_none_or(|g| g > 0.0);
+    let r = Reconstructed { fit_gain_db: if kept { rf.gain_db() } else { 0.0 }, heldout_gain_db, kept };
+    (if kept { new } else { m }, r)
 }
 
 fn dense_ab(a: &[f32], b: &[f32], out: usize, r: usize, cin: usize) -> Vec<f32> {
@@ -578,6 +632,7 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
             "rank": c.rank, "parts": c.parts.iter().map(|p| p.name()).collect::<Vec<_>>(), "inside_gptq": c.inside,
         })),
         "check_tokens": o.check_tokens,
+        "reconstruct": o.reconstruct,
     });
     if o.aw && o.calib.is_none() {
         bail!("activation-weighted fits need calibration data");

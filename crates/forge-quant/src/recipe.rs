@@ -41,6 +41,8 @@ pub struct Choices {
     pub lowrank: usize,
     pub lowrank_parts: Option<String>,
     pub lowrank_inside: bool,
+    /// Block reconstruction rounds (0: none).
+    pub reconstruct: usize,
 }
 
 impl Choices {
@@ -58,6 +60,7 @@ pub struct Recipe {
     pub calib: Option<CalibConfig>,
     pub aw: bool,
     pub lowrank: Option<LowRankConfig>,
+    pub reconstruct: usize,
 }
 
 impl Recipe {
@@ -76,6 +79,7 @@ impl Recipe {
             aw: self.aw,
             lowrank: self.lowrank,
             check_tokens: crate::check::DEFAULT_TOKENS,
+            reconstruct: self.reconstruct,
         }
     }
 }
@@ -160,7 +164,10 @@ pub fn resolve(c: &Choices) -> Result<Recipe> {
             Ok(LowRankConfig { rank, parts, inside: c.lowrank_inside })
         })
         .transpose()?;
-    Ok(Recipe { plan, method, calib, aw, lowrank })
+    if c.reconstruct > 0 && calib.is_none() {
+        bail!("--reconstruct refits codebooks and scales to calibration activations: give --calib or --method gptq");
+    }
+    Ok(Recipe { plan, method, calib, aw, lowrank, reconstruct: c.reconstruct })
 }
 
 #[cfg(test)]

@@ -19,5 +19,6 @@ pub fn rtn_options(source_arg: &str, source: PathBuf, plan: Plan, seed: u64, out
         aw: false,
         lowrank: None,
         check_tokens: 0,
+        reconstruct: 0,
     }
 }
