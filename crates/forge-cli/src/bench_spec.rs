@@ -6,7 +6,6 @@ use anyhow::{bail, Context, Result};
 use forge_model::generate::generate_with;
 use forge_model::load::Loaded;
 use forge_model::sampling::{Sampler, SamplingParams};
-use forge_model::session::kv_dtype;
 use forge_model::speculative::SpecStats;
 use forge_model::{Logits, Model};
 use serde_json::json;
@@ -46,7 +45,7 @@ fn run_once(model: &Model, draft: Option<&Model>, spec: &SpecArgs, prompt: &[u32
     let params = SamplingParams { temperature: 0.0, ..Default::default() };
     let mut sampler = Sampler::new(params.clone());
     let drafter = if draft.is_some() || spec.lookup {
-        spec.drafter(draft, &params, model.cfg.vocab_size, kv_dtype())
+        spec.drafter(draft, &params, model.cfg.vocab_size, model.kv_dtype())
     } else {
         None
     };

@@ -48,6 +48,14 @@ pub struct Args {
     /// Time one forward over N new tokens (a speculative verification) against one decode step.
     #[arg(long, value_name = "N")]
     verify_tokens: Option<usize>,
+    /// With --fill: time decode after N positions of context, held in the caches without a
+    /// prefill of N tokens.
+    #[arg(long, value_name = "N", requires = "fill")]
+    context: Option<usize>,
+    /// How --context's positions are made: `random`, rows of a real prefill's per-channel scale
+    /// in every attention layer's cache and a random state of its scale in every DeltaNet layer.
+    #[arg(long, value_parser = ["random"], requires = "context")]
+    fill: Option<String>,
     #[command(flatten)]
     spec: crate::spec_args::SpecArgs,
 }
@@ -59,8 +67,19 @@ pub fn run(a: Args) -> Result<()> {
         return kernels(&a, threads, &probe);
     }
     let path = crate::cmd_bundle::resolve(&a.model)?;
-    let loaded = forge_model::load::load(&path)?;
+    let mut loaded = forge_model::load::load(&path)?;
+    loaded.model.set_kv_dtype(crate::kv_dtype());
     let model = &loaded.model;
+    if let Some(context) = a.context {
+        let b = crate::bench_fill::FillBench {
+            path: &path,
+            context,
+            gen_tokens: a.gen_tokens,
+            repeats: a.repeats,
+            json: a.json,
+        };
+        return crate::bench_fill::run(model, &b, &probe);
+    }
     if let Some(n) = a.verify_tokens {
         return crate::bench_spec::verify_cost(&path, model, n, a.prompt_tokens, a.repeats, a.json);
     }
@@ -146,7 +165,7 @@ pub fn run(a: Args) -> Result<()> {
                 "recurrent_state": mem.recurrent,
                 "scratch": mem.scratch,
             },
-            "kv_cache_dtype": forge_model::session::kv_dtype().name(),
+            "kv_cache_dtype": model.kv_dtype().name(),
             "decode_allocations_per_token": fast.allocs_per_token,
         });
         if let Some(r) = &reference {
@@ -166,7 +185,7 @@ pub fn run(a: Args) -> Result<()> {
             ),
             None => println!("prefill kernels  {}", forge_kernels::lutmm::intdot::prefill_isa()),
         }
-        println!("KV cache         {}", forge_model::session::kv_dtype().name());
+        println!("KV cache         {}", model.kv_dtype().name());
         println!("prompt/gen       {} / {} tokens, median of {}", a.prompt_tokens, a.gen_tokens, a.repeats);
         println!("prefill          {:.1} tok/s", fast.prefill);
         println!("decode           {:.1} tok/s", fast.decode);
@@ -243,7 +262,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`), bytes.
-fn peak_rss() -> Option<u64> {
+pub(crate) fn peak_rss() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -263,7 +282,7 @@ struct Speeds {
     session: Session,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }

@@ -5,6 +5,7 @@ use anyhow::{bail, Result};
 use forge_core::checkpoint::Checkpoint;
 use forge_core::config::{LayerKind, ModelConfig};
 use forge_model::export::{is_export, Export};
+use forge_model::session::KvDtype;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -147,9 +148,14 @@ pub fn fit(need: u64, avail: Option<u64>, what: &str) -> Check {
     };
     let detail = format!("{what} needs {} of {} available", gib(need), gib(avail));
     if need > avail {
-        check("memory", Level::Fail, detail, "a smaller --ctx-size, --kv-cache-dtype v8 or f16, or a lower-bit export")
+        check(
+            "memory",
+            Level::Fail,
+            detail,
+            "a smaller --ctx-size, --kv-cache-dtype kv8, v8 or f16, or a lower-bit export",
+        )
     } else if need > avail / 10 * 9 {
-        check("memory", Level::Warn, detail, "little headroom: a smaller --ctx-size or --kv-cache-dtype v8")
+        check("memory", Level::Warn, detail, "little headroom: a smaller --ctx-size or --kv-cache-dtype kv8")
     } else {
         check("memory", Level::Ok, detail, "")
     }
@@ -159,12 +165,9 @@ pub fn fit(need: u64, avail: Option<u64>, what: &str) -> Check {
 pub fn kv_bytes_per_position(cfg: &ModelConfig, dtype: &str) -> u64 {
     let attn = cfg.layer_kinds.iter().filter(|k| **k == LayerKind::Attention).count() as u64;
     let (kvh, hd) = (cfg.num_kv_heads as u64, cfg.head_dim as u64);
-    let per_head = match dtype {
-        "f16" => 4 * hd,
-        // f16 keys, i8 values and an f32 scale per position and head.
-        "v8" => 3 * hd + 4,
-        _ => 8 * hd,
-    };
+    // f16: 2 × 2 bytes a value; v8: f16 keys, i8 values and an f32 scale; kv8: i8 keys and
+    // values, each with an f16 scale.
+    let per_head = KvDtype::parse(dtype).unwrap_or_default().bytes_per_position(hd as usize) as u64;
     attn * kvh * per_head
 }
 
@@ -252,14 +255,15 @@ fn model_checks(arg: &str, ctx: Option<usize>, avail: Option<u64>, out: &mut Vec
     }
     let ctx = ctx.unwrap_or(cfg.max_position_embeddings.max(1));
     let weights = weight_bytes(&path, &cfg).unwrap_or(0);
-    for dtype in ["f32", "f16", "v8"] {
+    for dtype in ["f32", "f16", "v8", "kv8"] {
         let kv = kv_bytes_per_position(&cfg, dtype) * ctx as u64;
         let need = weights + kv + recurrent_bytes(&cfg);
         let mut c = fit(need, avail, &format!("weights {} + KV {dtype} at {ctx} tokens {}", gib(weights), gib(kv)));
         c.name = match dtype {
             "f32" => "memory (kv f32)",
             "f16" => "memory (kv f16)",
-            _ => "memory (kv v8)",
+            "v8" => "memory (kv v8)",
+            _ => "memory (kv kv8)",
         };
         out.push(c);
     }

@@ -139,7 +139,8 @@ fn load_and_tokenize(model: &str, setup: &EvalSetup) -> Result<(Loaded, EvalText
     let path = crate::cmd_bundle::resolve(model)?;
     // Read the text before the model so a bad spec fails fast.
     let bytes = setup.text.read()?;
-    let loaded = forge_model::load::load(&path)?;
+    let mut loaded = forge_model::load::load(&path)?;
+    loaded.model.set_kv_dtype(crate::kv_dtype());
     let text = eval::tokenize(loaded.tokenizer()?, bytes)?;
     if text.unrepresentable > 0 {
         eprintln!(
@@ -196,7 +197,9 @@ fn run_reference(a: RefArgs) -> Result<()> {
 /// keep their quantized weights and the rest run the source checkpoint's dense weights.
 fn load_candidate(path: &Path, filter: &PartFilter) -> Result<Loaded> {
     if filter.is_all() {
-        return forge_model::load::load(path);
+        let mut loaded = forge_model::load::load(path)?;
+        loaded.model.set_kv_dtype(crate::kv_dtype());
+        return Ok(loaded);
     }
     if !forge_model::export::is_export(path) {
         bail!("--parts/--layers ({filter}) select linears of a quantized export; {} is not one", path.display());
@@ -213,6 +216,7 @@ fn load_candidate(path: &Path, filter: &PartFilter) -> Result<Loaded> {
         }
     })?;
     loaded.path = path.to_path_buf();
+    loaded.model.set_kv_dtype(crate::kv_dtype());
     Ok(loaded)
 }
 

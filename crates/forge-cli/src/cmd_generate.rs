@@ -46,6 +46,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let path = crate::cmd_bundle::resolve(&a.model)?;
     let spec = a.spec.config()?;
+    let kv = crate::kv_dtype();
     let loaded = forge_model::load::load(&path)?;
     let draft = a.spec.load_draft(&path)?;
     let vocab = loaded.model.cfg.vocab_size;
@@ -81,10 +82,9 @@ pub fn run(a: Args) -> Result<()> {
     };
     let params =
         SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed: a.seed };
-    let kv = forge_model::session::kv_dtype();
     let drafter = a.spec.drafter(draft.as_ref().map(|d| &d.model), &params, vocab, kv);
     let mut sampler = Sampler::new(params);
-    let mut session = loaded.model.new_session();
+    let mut session = loaded.model.new_session_with_kv(kv);
     let mut dec = tok.map(StreamDecoder::new);
     let mut out = std::io::stdout().lock();
     let mut ids = Vec::new();

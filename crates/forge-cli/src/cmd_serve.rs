@@ -60,13 +60,14 @@ impl EngineArgs {
         test_hooks: bool,
     ) -> Result<std::sync::Arc<App>> {
         let path = crate::cmd_bundle::resolve(&self.model)?;
-        let loaded = forge_model::load::load(&path)?;
+        let mut loaded = forge_model::load::load(&path)?;
+        loaded.model.set_kv_dtype(crate::kv_dtype());
         let spec = self.spec.config()?;
         let draft = self.spec.load_draft(&path)?.map(|d| d.model);
         let speculation = if self.spec.lookup {
             Speculation::Lookup { min_n: self.spec.lookup_min, max_n: self.spec.lookup_max }
         } else if draft.is_some() {
-            Speculation::Draft(forge_model::session::kv_dtype())
+            Speculation::Draft(crate::kv_dtype())
         } else {
             Speculation::Off
         };

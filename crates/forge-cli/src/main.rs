@@ -1,5 +1,6 @@
 //! `forge`: quantize, evaluate and run LLMs on CPUs.
 
+mod bench_fill;
 mod bench_spec;
 mod cmd_bench;
 mod cmd_bundle;
@@ -53,8 +54,9 @@ struct Cli {
     /// attention reads per token (decode 1.06× at 512 tokens of context on SmolLM2) and rounds
     /// each key and value once (SmolLM2's log-probs move by up to ~2e-2; llama.cpp's default),
     /// or v8 (ANEMLL Forge's V8 cache: f16 keys, 8-bit values with a scale per position and head;
-    /// 3/8 of f32's bytes).
-    #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16", "v8"])]
+    /// 3/8 of f32's bytes), or kv8 (ANEMLL Forge's KV8 cache: 8-bit keys and values, each with an
+    /// f16 scale per position and head; 2 × head_dim + 4 bytes a position and head).
+    #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16", "v8", "kv8"])]
     kv_cache_dtype: Option<String>,
     /// Load a bundle without checking its files against release.json.
     #[arg(long, global = true)]
@@ -112,6 +114,14 @@ fn no_verify() -> bool {
     NO_VERIFY.get().copied().unwrap_or(false)
 }
 
+/// `--kv-cache-dtype`, set once from the command line before any command runs: the commands
+/// give it to the models they load ([`forge_model::Model::set_kv_dtype`]) and to drafters.
+static KV_DTYPE: std::sync::OnceLock<forge_model::session::KvDtype> = std::sync::OnceLock::new();
+
+fn kv_dtype() -> forge_model::session::KvDtype {
+    KV_DTYPE.get().copied().unwrap_or_default()
+}
+
 fn main() {
     let cli = Cli::parse();
     NO_VERIFY.set(cli.no_verify).expect("set once");
@@ -138,7 +148,7 @@ fn main() {
         forge_kernels::lutmm::intdot::set_wide(false);
     }
     match forge_model::session::KvDtype::parse(cli.kv_cache_dtype.as_deref().unwrap_or("f32")) {
-        Ok(d) => forge_model::session::set_kv_dtype(d),
+        Ok(d) => KV_DTYPE.set(d).expect("set once"),
         Err(e) => {
             eprintln!("forge: {e}");
             std::process::exit(2);

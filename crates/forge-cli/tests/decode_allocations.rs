@@ -7,6 +7,7 @@
 //! This file holds a single test so that no other test thread allocates while it counts.
 
 use forge_kernels::scratch::{allocations, CountingAlloc};
+use forge_model::session::KvDtype;
 use forge_model::Logits;
 
 mod common;
@@ -16,8 +17,8 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Allocations made by `steps` greedy decode steps after `warm` untimed ones, with the loop as a
 /// server or `forge bench` runs it (logits buffer and session kept, KV room reserved).
-fn decode_allocations(model: &forge_model::model::Model, warm: usize, steps: usize) -> usize {
-    let mut s = model.new_session();
+fn decode_allocations(model: &forge_model::model::Model, kv: KvDtype, warm: usize, steps: usize) -> usize {
+    let mut s = model.new_session_with_kv(kv);
     let mut logits = model.forward(&mut s, &[1, 2, 3, 4, 5, 6, 7], Logits::Last).unwrap();
     s.reserve(warm + steps);
     let mut tok = forge_model::sampling::argmax(&logits);
@@ -49,8 +50,11 @@ fn warm_decode_steps_allocate_nothing() {
     for threads in [1, 2] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         for (name, m) in [("synthetic hybrid", &hybrid.model), ("SmolLM2", &smollm2.model)] {
-            let n = pool.install(|| decode_allocations(m, 6, 40));
-            assert_eq!(n, 0, "{name}, {threads} threads: {n} allocations in 40 warm decode steps");
+            // Every cache type: KV8's rotation of the keys reuses its buffer.
+            for kv in [KvDtype::F32, KvDtype::F16, KvDtype::V8, KvDtype::Kv8] {
+                let n = pool.install(|| decode_allocations(m, kv, 6, 40));
+                assert_eq!(n, 0, "{name}, {kv:?}, {threads} threads: {n} allocations in 40 warm decode steps");
+            }
         }
     }
     // The counter counts: the same loop without a kept logits buffer allocates every step.

@@ -297,6 +297,9 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
     // bytes and f16's.
     let j8 = bench_kv("v8");
     assert!(kv(&j8) > 0.375 * kv(&j) && kv(&j8) < kv(&j16), "{j8}");
+    // kv8: byte keys and values, each with a 2-byte scale: between 1/4 of f32's bytes and v8's.
+    let jk8 = bench_kv("kv8");
+    assert!(kv(&jk8) > 0.25 * kv(&j) && kv(&jk8) < kv(&j8), "{jk8}");
     let (ok, _, err) = forge(&["--kv-cache-dtype", "f8", "bench", "--model", d]);
     assert!(!ok && err.contains("'f8'") && err.contains("f32, f16"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);

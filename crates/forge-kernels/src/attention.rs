@@ -102,17 +102,98 @@ impl KvElem for i8 {
     }
 }
 
+/// One scale per history row of integer codes (row `j` stands for `scale_j · code_j`): none
+/// for float rows, f32 (the V8 cache's values) or f16 (the KV8 cache's keys and values).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum RowScales<'a> {
+    #[default]
+    None,
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl<'a> RowScales<'a> {
+    pub fn is_none(&self) -> bool {
+        matches!(self, RowScales::None)
+    }
+
+    /// Scales held (0 for none).
+    pub fn len(&self) -> usize {
+        match self {
+            RowScales::None => 0,
+            RowScales::F32(s) => s.len(),
+            RowScales::F16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row `j`'s scale (1 for float rows).
+    #[inline]
+    pub fn get(&self, j: usize) -> f32 {
+        match self {
+            RowScales::None => 1.0,
+            RowScales::F32(s) => s[j],
+            RowScales::F16(s) => s[j].to_f32(),
+        }
+    }
+
+    /// The scales from row `j0` on.
+    fn skip(&self, j0: usize) -> RowScales<'a> {
+        match *self {
+            RowScales::None => RowScales::None,
+            RowScales::F32(s) => RowScales::F32(&s[j0.min(s.len())..]),
+            RowScales::F16(s) => RowScales::F16(&s[j0.min(s.len())..]),
+        }
+    }
+
+    /// `x[j] *= scale_j` for the first `x.len()` rows (nothing for float rows). f16 scales are
+    /// widened 64 at a time through the slice conversion (F16C where present), not one by one.
+    fn apply(&self, x: &mut [f32]) {
+        match *self {
+            RowScales::None => {}
+            RowScales::F32(s) => x.iter_mut().zip(s).for_each(|(v, &c)| *v *= c),
+            RowScales::F16(s) => {
+                use half::slice::HalfFloatSliceExt;
+                let mut buf = [0f32; 64];
+                for (xs, ss) in x.chunks_mut(64).zip(s.chunks(64)) {
+                    let b = &mut buf[..ss.len()];
+                    ss.convert_to_f32_slice(b);
+                    xs.iter_mut().zip(b.iter()).for_each(|(v, &c)| *v *= c);
+                }
+            }
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for RowScales<'a> {
+    fn from(s: &'a [f32]) -> Self {
+        RowScales::F32(s)
+    }
+}
+
+impl<'a> From<&'a [f16]> for RowScales<'a> {
+    fn from(s: &'a [f16]) -> Self {
+        RowScales::F16(s)
+    }
+}
+
 /// The cached keys and values one key/value head attends over: the first `n` rows of
 /// `stride` elements each, this head's vectors starting at `offset` in every row.
 ///
-/// Values may be integer codes with one scale per row (`value_scales[j]`, ANEMLL Forge's V8
-/// cache: row `j`'s values are `value_scales[j] · values[j]`); float values leave
-/// `value_scales` empty. The scale goes onto the row's attention weight (`p_j · s_j`) after
-/// the softmax statistics are taken, so the value sweep is the float one.
+/// Keys and values may be integer codes with one scale per row (ANEMLL Forge's V8 cache: f16
+/// keys, int8 values with f32 scales; its KV8 cache: int8 keys and values, f16 scales): row
+/// `j`'s values are `value_scales[j] · values[j]`, its key `key_scales[j] · keys[j]`. The codes
+/// are read as they are stored, widened to f32 as they are loaded. A key's scale goes onto its
+/// score (`(q · code_j) · s_j`) before the softmax; a value's onto the row's attention weight
+/// (`p_j · s_j`) after the softmax statistics are taken, so the value sweep is the float one.
 pub struct History<'a, K: KvElem = f32, V: KvElem = K> {
     pub keys: &'a [K],
     pub values: &'a [V],
-    pub value_scales: &'a [f32],
+    pub key_scales: RowScales<'a>,
+    pub value_scales: RowScales<'a>,
     pub n: usize,
     pub stride: usize,
     pub offset: usize,
@@ -181,7 +262,8 @@ impl<'a, K: KvElem, V: KvElem> History<'a, K, V> {
         History {
             keys: &self.keys[skip.min(self.keys.len())..],
             values: &self.values[skip.min(self.values.len())..],
-            value_scales: &self.value_scales[j0.min(self.value_scales.len())..],
+            key_scales: self.key_scales.skip(j0),
+            value_scales: self.value_scales.skip(j0),
             n: len.min(self.n - j0),
             ..*self
         }
@@ -215,7 +297,7 @@ pub fn attend_part<K: KvElem, V: KvElem>(
     stats: &mut [f32],
     ahead: bool,
 ) {
-    let History { keys, values, value_scales, n, stride, offset } = kv;
+    let History { keys, values, key_scales, value_scales, n, stride, offset } = kv;
     assert!(d > 0 && q.len().is_multiple_of(d), "{} query values are not whole heads of {d}", q.len());
     let g = q.len() / d;
     assert!(out.len().is_multiple_of(g), "output of {} values for {g} heads", out.len());
@@ -226,13 +308,18 @@ pub fn attend_part<K: KvElem, V: KvElem>(
         let last = (n - 1) * stride + offset;
         assert!(keys.len() >= last + d && values.len() >= last + dv, "history shorter than {n} rows");
     }
-    assert!(value_scales.is_empty() || value_scales.len() >= n, "{} value scales for {n} rows", value_scales.len());
-    // Row scales onto the weights, after the statistics (which are of the weights alone).
+    assert!(value_scales.is_none() || value_scales.len() >= n, "{} value scales for {n} rows", value_scales.len());
+    assert!(key_scales.is_none() || key_scales.len() >= n, "{} key scales for {n} rows", key_scales.len());
+    // Key scales onto the scores, before the statistics.
+    let scale_keys = |scores: &mut [f32]| {
+        if !key_scales.is_none() {
+            scores.chunks_mut(n.max(1)).for_each(|sh| key_scales.apply(sh));
+        }
+    };
+    // Value scales onto the weights, after the statistics (which are of the weights alone).
     let scale_rows = |scores: &mut [f32]| {
-        if !value_scales.is_empty() {
-            for sh in scores.chunks_mut(n.max(1)) {
-                sh.iter_mut().zip(value_scales).for_each(|(p, &s)| *p *= s);
-            }
+        if !value_scales.is_none() {
+            scores.chunks_mut(n.max(1)).for_each(|sh| value_scales.apply(sh));
         }
     };
     let scores = &mut scores[..g * n];
@@ -243,6 +330,7 @@ pub fn attend_part<K: KvElem, V: KvElem>(
         // holds g·n values and `out` g·dv.
         unsafe {
             scores_avx2(q, d, keys, n, stride, offset, scale, scores, ahead.then_some((values, dv)));
+            scale_keys(scores);
             for h in 0..g {
                 (stats[2 * h], stats[2 * h + 1]) = exp_shifted(&mut scores[h * n..(h + 1) * n]);
             }
@@ -256,6 +344,7 @@ pub fn attend_part<K: KvElem, V: KvElem>(
         for (j, s) in sh.iter_mut().enumerate() {
             *s = K::dot(qh, &keys[j * stride + offset..j * stride + offset + d]) * scale;
         }
+        scale_keys(sh);
         (stats[2 * h], stats[2 * h + 1]) = exp_shifted(sh);
         scale_rows(sh);
         let oh = &mut out[h * dv..(h + 1) * dv];
@@ -314,15 +403,19 @@ pub fn merge_parts(g: usize, slots: &[f32], out: &mut [f32]) {
 
 /// The definition for one query head, in plain sequential f32 (the oracle for the SIMD path).
 pub fn attend_ref<K: KvElem, V: KvElem>(q: &[f32], kv: History<K, V>, scale: f32, out: &mut [f32]) {
-    let History { keys, values, value_scales, n, stride, offset } = kv;
-    let vscale = |j: usize| if value_scales.is_empty() { 1.0 } else { value_scales[j] };
+    let History { keys, values, key_scales, value_scales, n, stride, offset } = kv;
     let d = q.len();
-    let row =
-        |j: usize| keys[j * stride + offset..j * stride + offset + d].iter().map(|v| v.to_f32()).collect::<Vec<_>>();
+    // Dequantize, then attend.
+    let row = |j: usize| {
+        keys[j * stride + offset..j * stride + offset + d]
+            .iter()
+            .map(|v| key_scales.get(j) * v.to_f32())
+            .collect::<Vec<_>>()
+    };
     let mut s: Vec<f32> = (0..n).map(|j| dot_ref(q, &row(j)) * scale).collect();
     softmax(&mut s);
     for (c, o) in out.iter_mut().enumerate() {
-        *o = (0..n).map(|j| s[j] * (vscale(j) * values[j * stride + offset + c].to_f32())).sum();
+        *o = (0..n).map(|j| s[j] * (value_scales.get(j) * values[j * stride + offset + c].to_f32())).sum();
     }
 }
 
@@ -439,7 +532,7 @@ mod tests {
     use crate::testutil::data;
 
     fn hist<'a>(keys: &'a [f32], values: &'a [f32], n: usize, stride: usize, offset: usize) -> History<'a> {
-        History { keys, values, value_scales: &[], n, stride, offset }
+        History { keys, values, key_scales: RowScales::None, value_scales: RowScales::None, n, stride, offset }
     }
 
     #[test]
@@ -561,7 +654,15 @@ mod tests {
             attend_group(
                 &q,
                 d,
-                History { keys: &k16, values: &v16, value_scales: &[], n, stride: d, offset: 0 },
+                History {
+                    keys: &k16,
+                    values: &v16,
+                    key_scales: RowScales::None,
+                    value_scales: RowScales::None,
+                    n,
+                    stride: d,
+                    offset: 0,
+                },
                 0.1,
                 &mut s,
                 &mut a,
@@ -577,7 +678,15 @@ mod tests {
                 let mut want = vec![0f32; d];
                 attend_ref(
                     &q[h * d..(h + 1) * d],
-                    History { keys: &k16, values: &v16, value_scales: &[], n, stride: d, offset: 0 },
+                    History {
+                        keys: &k16,
+                        values: &v16,
+                        key_scales: RowScales::None,
+                        value_scales: RowScales::None,
+                        n,
+                        stride: d,
+                        offset: 0,
+                    },
                     0.1,
                     &mut want,
                 );
@@ -603,7 +712,15 @@ mod tests {
             let q = data(g * d, 33);
             let mut s = vec![0f32; g * n];
             let (mut a, mut b) = (vec![0f32; g * d], vec![0f32; g * d]);
-            let v8 = History { keys: &k16[..], values: &codes[..], value_scales: &scales, n, stride: d, offset: 0 };
+            let v8 = History {
+                keys: &k16[..],
+                values: &codes[..],
+                key_scales: RowScales::None,
+                value_scales: RowScales::F32(&scales),
+                n,
+                stride: d,
+                offset: 0,
+            };
             attend_group(&q, d, v8, 0.1, &mut s, &mut a);
             attend_group(&q, d, hist(&k32, &deq, n, d, 0), 0.1, &mut s, &mut b);
             for (x, y) in a.iter().zip(&b) {
@@ -627,7 +744,15 @@ mod tests {
         attend_group(
             &q,
             d,
-            History { keys: &k[..], values: &codes[..], value_scales: &scales, n, stride: d, offset: 0 },
+            History {
+                keys: &k[..],
+                values: &codes[..],
+                key_scales: RowScales::None,
+                value_scales: RowScales::F32(&scales),
+                n,
+                stride: d,
+                offset: 0,
+            },
             1.0,
             &mut s,
             &mut a,
@@ -636,11 +761,114 @@ mod tests {
         attend_group(
             &q,
             d,
-            History { keys: &k[..], values: &codes[..], value_scales: &scales, n, stride: d, offset: 0 },
+            History {
+                keys: &k[..],
+                values: &codes[..],
+                key_scales: RowScales::None,
+                value_scales: RowScales::F32(&scales),
+                n,
+                stride: d,
+                offset: 0,
+            },
             1.0,
             &mut s,
             &mut b,
         );
+        assert!(a.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-4));
+    }
+
+    #[test]
+    fn kv8_history_attends_as_its_dequantized_keys_and_values() {
+        // int8 keys and values with one f16 scale per row each (the KV8 cache), read as codes:
+        // the attention of the f32 history holding `scale_j · code_j` (dequantize, then attend)
+        // within float rounding, on the SIMD and the scalar path (d = 36), over one part and
+        // several, a head alone in its rows and at an offset in rows of two heads; decode's
+        // parts (rows asked for ahead) merged give the same bits as one call.
+        for (d, g, n) in [(64usize, 3usize, 1usize), (64, 3, 77), (128, 2, 300), (256, 1, 9), (8, 1, 700), (36, 2, 50)]
+        {
+            for (stride, offset) in [(d, 0), (2 * d, d)] {
+                let codes = |seed: u32| -> Vec<i8> {
+                    data(n * stride, seed).iter().map(|&v| i8::from_f32(v * 127.0)).collect()
+                };
+                let (kc, vc) = (codes(41), codes(42));
+                // Scales over two orders of magnitude, and an all-zero row (scale 0).
+                let scales = |a: f32| -> Vec<f16> {
+                    (0..n)
+                        .map(|j| {
+                            f16::from_f32(if j == n / 2 && n > 1 { 0.0 } else { a * (1.0 + (j % 11) as f32 * 9.0) })
+                        })
+                        .collect()
+                };
+                let (ks, vs) = (scales(0.004), scales(0.003));
+                let deq = |c: &[i8], s: &[f16]| -> Vec<f32> {
+                    c.iter().enumerate().map(|(i, &x)| s[i / stride].to_f32() * x as f32).collect()
+                };
+                let (kf, vf) = (deq(&kc, &ks), deq(&vc, &vs));
+                let q = data(g * d, 43);
+                let scale = 1.0 / (d as f32).sqrt();
+                let kv8 = History {
+                    keys: &kc[..],
+                    values: &vc[..],
+                    key_scales: RowScales::F16(&ks),
+                    value_scales: RowScales::F16(&vs),
+                    n,
+                    stride,
+                    offset,
+                };
+                let mut s = vec![0f32; g * n];
+                let (mut a, mut b) = (vec![0f32; g * d], vec![0f32; g * d]);
+                attend_group(&q, d, kv8, scale, &mut s, &mut a);
+                attend_group(&q, d, hist(&kf, &vf, n, stride, offset), scale, &mut s, &mut b);
+                for h in 0..g {
+                    let mut want = vec![0f32; d];
+                    attend_ref(&q[h * d..(h + 1) * d], hist(&kf, &vf, n, stride, offset), scale, &mut want);
+                    let mut want8 = vec![0f32; d];
+                    attend_ref(&q[h * d..(h + 1) * d], kv8, scale, &mut want8);
+                    for c in 0..d {
+                        let (x, y, z, w) = (a[h * d + c], b[h * d + c], want[c], want8[c]);
+                        for (other, what) in [(y, "f32 history"), (z, "definition"), (w, "definition on codes")] {
+                            assert!(
+                                (x - other).abs() <= 2e-5 * (1.0 + other.abs()),
+                                "d={d} g={g} n={n} stride {stride} head {h} [{c}]: {x} vs {other} ({what})"
+                            );
+                        }
+                    }
+                }
+                let parts = n_parts(n);
+                let slot = g * d + 2 * g;
+                let mut slots = vec![0f32; parts * slot];
+                for p in (0..parts).rev() {
+                    let (o, st) = slots[p * slot..(p + 1) * slot].split_at_mut(g * d);
+                    attend_part(&q, d, kv8.part(p), scale, &mut s, o, st, true);
+                }
+                let mut merged = vec![0f32; g * d];
+                merge_parts(g, &slots, &mut merged);
+                assert_eq!(merged, a, "d={d} g={g} n={n} stride {stride}: parts");
+            }
+        }
+        // A key's scale is applied: one row's scale changed moves the output.
+        let (d, n) = (64, 40);
+        let kc: Vec<i8> = data(n * d, 44).iter().map(|&v| i8::from_f32(v * 127.0)).collect();
+        let vc: Vec<i8> = data(n * d, 45).iter().map(|&v| i8::from_f32(v * 127.0)).collect();
+        let vs = vec![f16::from_f32(0.01); n];
+        let mut ks = vec![f16::from_f32(0.01); n];
+        let q = data(d, 46);
+        let (mut s, mut a, mut b) = (vec![0f32; n], vec![0f32; d], vec![0f32; d]);
+        let run = |ks: &[f16], s: &mut [f32], out: &mut [f32]| {
+            let kv = History {
+                keys: &kc[..],
+                values: &vc[..],
+                key_scales: ks.into(),
+                value_scales: RowScales::F16(&vs),
+                n,
+                stride: d,
+                offset: 0,
+            };
+            attend_group(&q, d, kv, 1.0, s, out)
+        };
+        run(&ks, &mut s, &mut a);
+        ks[n / 2] = f16::from_f32(0.5);
+        run(&ks, &mut s, &mut b);
         assert!(a.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-4));
     }
 

@@ -25,17 +25,14 @@ fn main() -> anyhow::Result<()> {
     let g: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
     let kv1 = args.get(5).map(|s| forge_model::session::KvDtype::parse(s)).transpose()?;
     let exp: usize = std::env::var("EXP").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let set = |v: usize| {
-        forge_kernels::experiment::set(v * exp);
-        if let Some(d) = kv1 {
-            forge_model::session::set_kv_dtype(if v == 1 { d } else { forge_model::session::KvDtype::F32 });
-        }
-    };
+    let set = |v: usize| forge_kernels::experiment::set(v * exp);
+    // The KV cache type of variant `v`'s sessions.
+    let kv_of = |v: usize| if v == 1 { kv1.unwrap_or_default() } else { forge_model::session::KvDtype::F32 };
     let loaded = forge_model::load::load(std::path::Path::new(path))?;
     let model = &loaded.model;
     let prompt = forge_model::generate::synthetic_prompt(model.cfg.vocab_size, p.max(1));
-    let run = || -> anyhow::Result<(f64, f64)> {
-        let mut sess = model.new_session();
+    let run = |v: usize| -> anyhow::Result<(f64, f64)> {
+        let mut sess = model.new_session_with_kv(kv_of(v));
         sess.reserve(prompt.len() + g);
         let t0 = Instant::now();
         let mut logits = model.forward(&mut sess, &prompt, Logits::Last)?;
@@ -50,14 +47,14 @@ fn main() -> anyhow::Result<()> {
     rayon::scope(|_| -> anyhow::Result<()> {
         for v in [0, 1] {
             set(v);
-            run()?;
+            run(v)?;
         }
         let mut got: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
         for i in 0..pairs {
             for k in 0..2 {
                 let v = (i + k) % 2;
                 set(v);
-                got[v].push(run()?);
+                got[v].push(run(v)?);
             }
         }
         set(0);

@@ -39,7 +39,7 @@ fn by_rows2(a: &mut [f32], b: &mut [f32], width: usize, f: PairTask<f32, f32>) {
         None => f(0, a, b),
     }
 }
-use crate::session::{DeltaState, KvCache, KvRows, LayerState, Session};
+use crate::session::{DeltaState, KvCache, KvDtype, KvRows, LayerState, Session};
 use anyhow::{bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
 use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
@@ -121,6 +121,8 @@ pub struct Model {
     pub final_norm: Vec<f32>,
     pub head: Linear,
     pub rope: Rope,
+    /// The KV cache type of the sessions [`Model::new_session`] makes (f32 unless set).
+    kv_dtype: KvDtype,
 }
 
 /// Which logits `forward` returns.
@@ -238,16 +240,34 @@ impl Model {
             (None, _) => linear(ck, provider, "lm_head", v, h, false)?,
         };
         let rope = Rope::new(cfg.rope_theta, cfg.rotary_dim, cfg.rope_scaling.as_ref());
-        Ok(Model { final_norm: small(ck, "norm.weight", h)?, embed, layers, head, rope, cfg })
+        let kv_dtype = KvDtype::F32;
+        Ok(Model { final_norm: small(ck, "norm.weight", h)?, embed, layers, head, rope, cfg, kv_dtype })
     }
 
+    /// A session with KV caches of this model's type ([`Model::set_kv_dtype`]; f32 unless set).
     pub fn new_session(&self) -> Session {
-        Session::new(&self.cfg)
+        Session::with_kv_dtype(&self.cfg, self.kv_dtype)
     }
 
-    /// A session with KV caches of type `dtype`, whatever the process-wide setting.
-    pub fn new_session_with_kv(&self, dtype: crate::session::KvDtype) -> Session {
+    /// A session with KV caches of type `dtype`, whatever this model's own.
+    pub fn new_session_with_kv(&self, dtype: KvDtype) -> Session {
         Session::with_kv_dtype(&self.cfg, dtype)
+    }
+
+    /// The KV cache type of the sessions [`Model::new_session`] makes from now on: a value of
+    /// this model, so that two models in one process (a target and its drafter) may differ.
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+        self.kv_dtype = dtype;
+    }
+
+    /// This model with sessions of KV cache type `dtype` ([`Model::set_kv_dtype`]).
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// Run `tokens` through the model, advancing `s`. Returns logits per `want`
@@ -477,6 +497,7 @@ impl Model {
                 self.rope.apply(dst, &cos, &sin);
             }
         }
+        cache.rotate_queries(&mut q);
         cache.push(&k, &v);
         let group = nh / kvh;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -492,19 +513,21 @@ impl Model {
         let one = |i: usize, g: usize, part: Option<(usize, &mut [f32])>, scores: &mut [f32], o: &mut [f32]| {
             let n = pos0 + i + 1;
             let qg = &q[(i * nh + g * group) * hd..(i * nh + (g + 1) * group) * hd];
+            let (key_scales, value_scales) = (cache.key_scales(g), cache.value_scales(g));
+            macro_rules! attend {
+                ($keys:expr, $values:expr) => {{
+                    let kv =
+                        History { keys: $keys, values: $values, key_scales, value_scales, n, stride: hd, offset: 0 };
+                    attend_item(qg, hd, kv, part, scale, scores, o)
+                }};
+            }
             match (cache.keys(g), cache.values(g)) {
-                (KvRows::F32(keys), KvRows::F32(values)) => {
-                    let kv = History { keys, values, value_scales: &[], n, stride: hd, offset: 0 };
-                    attend_item(qg, hd, kv, part, scale, scores, o)
-                }
-                (KvRows::F16(keys), KvRows::F16(values)) => {
-                    let kv = History { keys, values, value_scales: &[], n, stride: hd, offset: 0 };
-                    attend_item(qg, hd, kv, part, scale, scores, o)
-                }
-                (KvRows::F16(keys), KvRows::I8(values)) => {
-                    let kv = History { keys, values, value_scales: cache.value_scales(g), n, stride: hd, offset: 0 };
-                    attend_item(qg, hd, kv, part, scale, scores, o)
-                }
+                (KvRows::F32(keys), KvRows::F32(values)) => attend!(keys, values),
+                (KvRows::F16(keys), KvRows::F16(values)) => attend!(keys, values),
+                // V8: f16 keys, value codes.
+                (KvRows::F16(keys), KvRows::I8(values)) => attend!(keys, values),
+                // KV8: key and value codes, each with f16 scales.
+                (KvRows::I8(keys), KvRows::I8(values)) => attend!(keys, values),
                 _ => unreachable!("keys and values of one cache share a type"),
             }
         };

@@ -2,20 +2,27 @@
 //! layers. Cloning a session is an exact snapshot (used for rollback and prompt caching).
 
 use forge_core::config::{LayerKind, ModelConfig};
-use forge_kernels::attention::KvElem;
+use forge_kernels::attention::{KvElem, RowScales};
 use half::f16;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 /// How a KV cache stores its keys and values. f16 halves the bytes attention reads per token
 /// (and the cache's memory); every product and sum stays f32, the stored values are rounded to
 /// f16 once (as llama.cpp's default cache, and ANEMLL Forge's FP16 history buffers). `v8` is
 /// ANEMLL Forge's V8 cache: f16 keys, and values as 8-bit codes with one scale per position and head
-/// (`absmax / 127`, kept in f32), 3/8 of the f32 cache's bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// (`absmax / 127`, kept in f32), 3/8 of the f32 cache's bytes. `kv8` is ANEMLL Forge's KV8
+/// cache: keys and values both as 8-bit codes, each with one f16 scale per position and head
+/// (`absmax / 127`): `2 × head_dim + 4` bytes a position and head, a little over 1/4 of f32's.
+/// Attention reads the codes as they are stored (widened to f32 as they are loaded, the scales
+/// put onto the scores and the weights), never a dequantized copy of the history. KV8 keys are
+/// quantized after a fixed orthonormal rotation, undone on the query side
+/// ([`KvCache::rotate_queries`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvDtype {
+    #[default]
     F32,
     F16,
     V8,
+    Kv8,
 }
 
 impl KvDtype {
@@ -24,6 +31,7 @@ impl KvDtype {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
             KvDtype::V8 => "v8",
+            KvDtype::Kv8 => "kv8",
         }
     }
 
@@ -32,25 +40,19 @@ impl KvDtype {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
             "v8" => Ok(KvDtype::V8),
-            _ => anyhow::bail!("unknown KV cache type `{s}` (f32, f16 or v8)"),
+            "kv8" => Ok(KvDtype::Kv8),
+            _ => anyhow::bail!("unknown KV cache type `{s}` (f32, f16, v8 or kv8)"),
         }
     }
-}
 
-/// 0: f32, 1: f16, 2: v8 (see [`set_kv_dtype`]).
-static KV_DTYPE: AtomicU8 = AtomicU8::new(0);
-
-/// The cache type of sessions made from now on in this process (f32 unless set: the library's
-/// tests and the measuring commands compare against f32 oracles).
-pub fn set_kv_dtype(d: KvDtype) {
-    KV_DTYPE.store(d as u8, Ordering::Relaxed)
-}
-
-pub fn kv_dtype() -> KvDtype {
-    match KV_DTYPE.load(Ordering::Relaxed) {
-        1 => KvDtype::F16,
-        2 => KvDtype::V8,
-        _ => KvDtype::F32,
+    /// Bytes one position takes in one key/value head of `head_dim` values.
+    pub fn bytes_per_position(self, head_dim: usize) -> usize {
+        match self {
+            KvDtype::F32 => 8 * head_dim,
+            KvDtype::F16 => 4 * head_dim,
+            KvDtype::V8 => 3 * head_dim + 4,
+            KvDtype::Kv8 => 2 * head_dim + 4,
+        }
     }
 }
 
@@ -59,7 +61,7 @@ pub fn kv_dtype() -> KvDtype {
 pub enum KvRows<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
-    /// Codes; the row scales come from [`KvCache::value_scales`].
+    /// Codes; the row scales come from [`KvCache::key_scales`] and [`KvCache::value_scales`].
     I8(&'a [i8]),
 }
 
@@ -84,36 +86,52 @@ fn touch_spare<T: KvElem>(c: &mut Vec<T>, n: usize) {
     });
 }
 
-/// Per key/value head, one contiguous run of `head_dim` elements per position (and, for
-/// integer values, one scale per position in `s`).
-#[derive(Clone, Debug)]
-struct Store<K, V> {
-    k: Vec<Vec<K>>,
-    v: Vec<Vec<V>>,
-    s: Vec<Vec<f32>>,
+/// Appends one head's row `x` to `codes` in the element type `T`; for integer codes also its
+/// scale, in the scale type `S`: symmetric, `absmax / 127` rounded to `S`, the codes taken
+/// against the rounded scale so that `scale · code` is what attention reads. An all-zero or
+/// non-finite row gets scale 0 and zero codes rather than NaNs spread over every later output;
+/// a scale past f16's range is held at its largest value (the codes then saturate at ±127).
+fn put<T: Stored, S: KvElem>(x: &[f32], codes: &mut Vec<T>, scales: &mut Vec<S>) {
+    if !T::SCALED {
+        codes.extend(x.iter().map(|&v| T::from_f32(v)));
+        return;
+    }
+    let amax = x.iter().fold(0f32, |m, &v| m.max(v.abs()));
+    let mut sc = S::from_f32(if amax.is_finite() && amax > 0.0 { amax / 127.0 } else { 0.0 });
+    if !sc.to_f32().is_finite() {
+        sc = S::from_f32(f16::MAX.to_f32());
+    }
+    let inv = if sc.to_f32() > 0.0 { 1.0 / sc.to_f32() } else { 0.0 };
+    codes.extend(x.iter().map(|&v| T::from_f32(v * inv)));
+    scales.push(if inv > 0.0 { sc } else { S::from_f32(0.0) });
 }
 
-impl<K: Stored, V: Stored> Store<K, V> {
+/// Per key/value head, one contiguous run of `head_dim` elements per position (and, for
+/// integer keys or values, one scale per position in `ks` / `vs`, of type `S`).
+#[derive(Clone, Debug)]
+struct Store<K, V, S = f32> {
+    k: Vec<Vec<K>>,
+    v: Vec<Vec<V>>,
+    ks: Vec<Vec<S>>,
+    vs: Vec<Vec<S>>,
+}
+
+impl<K: Stored, V: Stored, S: KvElem> Store<K, V, S> {
     fn new(heads: usize) -> Self {
-        Store { k: vec![Vec::new(); heads], v: vec![Vec::new(); heads], s: vec![Vec::new(); heads] }
+        Store {
+            k: vec![Vec::new(); heads],
+            v: vec![Vec::new(); heads],
+            ks: vec![Vec::new(); heads],
+            vs: vec![Vec::new(); heads],
+        }
     }
 
     fn push(&mut self, k: &[f32], v: &[f32], h: usize, d: usize) {
         for (rk, rv) in k.chunks_exact(h * d).zip(v.chunks_exact(h * d)) {
-            for (head, (ck, cv)) in self.k.iter_mut().zip(&mut self.v).enumerate() {
+            for head in 0..h {
                 let (xk, xv) = (&rk[head * d..(head + 1) * d], &rv[head * d..(head + 1) * d]);
-                ck.extend(xk.iter().map(|&x| K::from_f32(x)));
-                if V::SCALED {
-                    // Symmetric, absmax / 127 (an all-zero or non-finite row gets scale 0 and
-                    // zero codes rather than NaNs spread over every later output).
-                    let amax = xv.iter().fold(0f32, |m, &x| m.max(x.abs()));
-                    let sc = if amax.is_finite() && amax > 0.0 { amax / 127.0 } else { 0.0 };
-                    let inv = if sc > 0.0 { 1.0 / sc } else { 0.0 };
-                    cv.extend(xv.iter().map(|&x| V::from_f32(x * inv)));
-                    self.s[head].push(sc);
-                } else {
-                    cv.extend(xv.iter().map(|&x| V::from_f32(x)));
-                }
+                put(xk, &mut self.k[head], &mut self.ks[head]);
+                put(xv, &mut self.v[head], &mut self.vs[head]);
             }
         }
     }
@@ -125,29 +143,34 @@ impl<K: Stored, V: Stored> Store<K, V> {
         for c in &mut self.v {
             touch_spare(c, positions * d);
         }
+        if K::SCALED {
+            self.ks.iter_mut().for_each(|c| touch_spare(c, positions));
+        }
         if V::SCALED {
-            self.s.iter_mut().for_each(|c| touch_spare(c, positions));
+            self.vs.iter_mut().for_each(|c| touch_spare(c, positions));
         }
     }
 
     fn truncate(&mut self, positions: usize, d: usize) {
         self.k.iter_mut().for_each(|c| c.truncate(positions * d));
         self.v.iter_mut().for_each(|c| c.truncate(positions * d));
-        self.s.iter_mut().for_each(|c| c.truncate(positions));
+        self.ks.iter_mut().for_each(|c| c.truncate(positions));
+        self.vs.iter_mut().for_each(|c| c.truncate(positions));
     }
 
     fn rows_f32(&self, h: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
-        let scale = |j: usize| if V::SCALED { self.s[h][j / d.max(1)] } else { 1.0 };
+        let scale = |s: &[S], scaled: bool, j: usize| if scaled { s[j / d.max(1)].to_f32() } else { 1.0 };
         (
-            self.k[h].iter().map(|x| x.to_f32()).collect(),
-            self.v[h].iter().enumerate().map(|(j, x)| scale(j) * x.to_f32()).collect(),
+            self.k[h].iter().enumerate().map(|(j, x)| scale(&self.ks[h], K::SCALED, j) * x.to_f32()).collect(),
+            self.v[h].iter().enumerate().map(|(j, x)| scale(&self.vs[h], V::SCALED, j) * x.to_f32()).collect(),
         )
     }
 
     fn capacity_bytes(&self) -> usize {
         let k: usize = self.k.iter().map(|c| c.capacity() * std::mem::size_of::<K>()).sum();
         let v: usize = self.v.iter().map(|c| c.capacity() * std::mem::size_of::<V>()).sum();
-        k + v + self.s.iter().map(|c| c.capacity() * 4).sum::<usize>()
+        let s: usize = self.ks.iter().chain(&self.vs).map(|c| c.capacity() * std::mem::size_of::<S>()).sum();
+        k + v + s
     }
 }
 
@@ -155,7 +178,8 @@ impl<K: Stored, V: Stored> Store<K, V> {
 enum Heads {
     F32(Store<f32, f32>),
     F16(Store<f16, f16>),
-    V8(Store<f16, i8>),
+    V8(Store<f16, i8, f32>),
+    Kv8(Store<i8, i8, f16>),
 }
 
 /// Post-RoPE keys and values of one attention layer: per key/value head, one contiguous run of
@@ -168,6 +192,46 @@ pub struct KvCache {
     heads: Heads,
     n_heads: usize,
     head_dim: usize,
+    /// KV8 with a power-of-two head size: the signs `D` of the keys' rotation `H·D/√d` (see
+    /// [`KvCache::rotate_queries`]); empty when keys are stored as they come.
+    key_signs: Vec<f32>,
+    /// One position's rotated keys, kept for the next push.
+    scratch: Vec<f32>,
+}
+
+/// Fixed ±1 signs for the KV8 keys' rotation (a seeded SplitMix64 stream; any fixed choice keeps
+/// `q · k`, random signs keep a structured key, a constant one say, from landing in one channel).
+fn rotation_signs(d: usize) -> Vec<f32> {
+    let mut z = 0x4B56_3800_u64;
+    (0..d)
+        .map(|_| {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            if (x ^ (x >> 31)) & 1 == 0 {
+                1.0
+            } else {
+                -1.0
+            }
+        })
+        .collect()
+}
+
+/// `x ← H·D·x / √d` on each head row of `d = signs.len()` values.
+fn rotate(signs: &[f32], x: &mut [f32]) {
+    for r in x.chunks_exact_mut(signs.len()) {
+        r.iter_mut().zip(signs).for_each(|(v, s)| *v *= s);
+        forge_kernels::fwht::fwht_normalized(r);
+    }
+}
+
+/// The inverse of [`rotate`]: `x ← D·H·x / √d`.
+fn unrotate(signs: &[f32], x: &mut [f32]) {
+    for r in x.chunks_exact_mut(signs.len()) {
+        forge_kernels::fwht::fwht_normalized(r);
+        r.iter_mut().zip(signs).for_each(|(v, s)| *v *= s);
+    }
 }
 
 /// `$body` with `$st` bound to the cache's store, whatever its element type.
@@ -177,6 +241,7 @@ macro_rules! with_store {
             Heads::F32($st) => $body,
             Heads::F16($st) => $body,
             Heads::V8($st) => $body,
+            Heads::Kv8($st) => $body,
         }
     };
 }
@@ -192,8 +257,14 @@ impl KvCache {
             KvDtype::F32 => Heads::F32(Store::new(n)),
             KvDtype::F16 => Heads::F16(Store::new(n)),
             KvDtype::V8 => Heads::V8(Store::new(n)),
+            KvDtype::Kv8 => Heads::Kv8(Store::new(n)),
         };
-        KvCache { heads: heads_of(heads), n_heads: heads, head_dim }
+        // KV8 keys are quantized in a rotated basis: a few channels of a key head can be many
+        // times the rest (SmolLM2's are), and one scale per row would leave the rest a few
+        // codes; rotated, every channel carries a share of each.
+        let key_signs =
+            if dtype == KvDtype::Kv8 && head_dim.is_power_of_two() { rotation_signs(head_dim) } else { Vec::new() };
+        KvCache { heads: heads_of(heads), n_heads: heads, head_dim, key_signs, scratch: Vec::new() }
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -201,6 +272,7 @@ impl KvCache {
             Heads::F32(_) => KvDtype::F32,
             Heads::F16(_) => KvDtype::F16,
             Heads::V8(_) => KvDtype::V8,
+            Heads::Kv8(_) => KvDtype::Kv8,
         }
     }
 
@@ -227,15 +299,38 @@ impl KvCache {
             k.len(),
             v.len()
         );
-        with_store!(&mut self.heads, st => st.push(k, v, h, d))
+        if self.key_signs.is_empty() {
+            return with_store!(&mut self.heads, st => st.push(k, v, h, d));
+        }
+        // A position at a time, so that the scratch holds one row however long a prefill.
+        let mut rk = std::mem::take(&mut self.scratch);
+        for (kr, vr) in k.chunks_exact(h * d).zip(v.chunks_exact(h * d)) {
+            rk.clear();
+            rk.extend_from_slice(kr);
+            rotate(&self.key_signs, &mut rk);
+            with_store!(&mut self.heads, st => st.push(&rk, vr, h, d));
+        }
+        self.scratch = rk;
     }
 
-    /// Keys of head `h`, `head_dim` values per position.
+    /// Puts query rows (heads of `head_dim` values) into the basis of this cache's stored keys:
+    /// KV8 stores each key rotated by an orthonormal `R = H·D/√d` (a Walsh–Hadamard transform
+    /// after fixed signs) before it is quantized, and `(R q) · (R k) = q · k`. Nothing for the
+    /// other types.
+    pub fn rotate_queries(&self, q: &mut [f32]) {
+        if !self.key_signs.is_empty() {
+            rotate(&self.key_signs, q);
+        }
+    }
+
+    /// Keys of head `h`, `head_dim` values per position (KV8: in the rotated basis of
+    /// [`KvCache::rotate_queries`]).
     pub fn keys(&self, h: usize) -> KvRows<'_> {
         match &self.heads {
             Heads::F32(st) => KvRows::F32(&st.k[h]),
             Heads::F16(st) => KvRows::F16(&st.k[h]),
             Heads::V8(st) => KvRows::F16(&st.k[h]),
+            Heads::Kv8(st) => KvRows::I8(&st.k[h]),
         }
     }
 
@@ -244,21 +339,36 @@ impl KvCache {
             Heads::F32(st) => KvRows::F32(&st.v[h]),
             Heads::F16(st) => KvRows::F16(&st.v[h]),
             Heads::V8(st) => KvRows::I8(&st.v[h]),
+            Heads::Kv8(st) => KvRows::I8(&st.v[h]),
+        }
+    }
+
+    /// One scale per position of head `h`'s keys when they are codes ([`KvRows::I8`]), else
+    /// none.
+    pub fn key_scales(&self, h: usize) -> RowScales<'_> {
+        match &self.heads {
+            Heads::Kv8(st) => RowScales::F16(&st.ks[h]),
+            _ => RowScales::None,
         }
     }
 
     /// One scale per position of head `h`'s values when they are codes ([`KvRows::I8`]), else
-    /// empty.
-    pub fn value_scales(&self, h: usize) -> &[f32] {
+    /// none.
+    pub fn value_scales(&self, h: usize) -> RowScales<'_> {
         match &self.heads {
-            Heads::V8(st) => &st.s[h],
-            _ => &[],
+            Heads::V8(st) => RowScales::F32(&st.vs[h]),
+            Heads::Kv8(st) => RowScales::F16(&st.vs[h]),
+            _ => RowScales::None,
         }
     }
 
     /// Keys and values of head `h` as f32 (tests and inspection).
     pub fn rows_f32(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
-        with_store!(&self.heads, st => st.rows_f32(h, self.head_dim))
+        let (mut k, v) = with_store!(&self.heads, st => st.rows_f32(h, self.head_dim));
+        if !self.key_signs.is_empty() {
+            unrotate(&self.key_signs, &mut k);
+        }
+        (k, v)
     }
 
     /// Keeps the first `n` positions.
@@ -362,9 +472,9 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session whose KV caches are of the process-wide type ([`set_kv_dtype`]).
+    /// A session with f32 KV caches.
     pub fn new(cfg: &ModelConfig) -> Self {
-        Self::with_kv_dtype(cfg, kv_dtype())
+        Self::with_kv_dtype(cfg, KvDtype::F32)
     }
 
     pub fn with_kv_dtype(cfg: &ModelConfig, dtype: KvDtype) -> Self {
@@ -474,7 +584,8 @@ mod tests {
         assert_eq!(c.len(), 6);
         for h in 0..heads {
             let (gk, gv) = c.rows_f32(h);
-            let sc = c.value_scales(h);
+            let RowScales::F32(sc) = c.value_scales(h) else { panic!("v8 values have f32 scales") };
+            assert!(c.key_scales(h).is_none());
             assert_eq!(sc.len(), 6);
             assert_eq!(sc[5], 0.0);
             for p in 0..5 {
@@ -497,6 +608,88 @@ mod tests {
         assert!(c.capacity_bytes() >= heads * 102 * (2 * d + d + 4));
         assert!(c.capacity_bytes() < heads * 102 * 4 * d);
         assert_eq!(KvDtype::parse("v8").unwrap(), KvDtype::V8);
-        assert!(KvDtype::parse("q8").unwrap_err().to_string().contains("f32, f16 or v8"));
+        assert!(KvDtype::parse("q8").unwrap_err().to_string().contains("f32, f16, v8 or kv8"));
+    }
+
+    #[test]
+    fn kv8_cache_keeps_keys_and_values_within_half_a_step_of_their_f16_row_scales() {
+        let (heads, d) = (2, 64);
+        let mut c = KvCache::with_dtype(heads, d, KvDtype::Kv8);
+        let row = |p: usize| -> Vec<f32> {
+            (0..heads * d).map(|j| ((p * 131 + j * 17) % 97) as f32 / 9.7 - 5.0 + (j / d) as f32 * 30.0).collect()
+        };
+        let (k, v): (Vec<f32>, Vec<f32>) = ((0..5).flat_map(row).collect(), (0..5).flat_map(|p| row(p + 7)).collect());
+        c.push(&k[..2 * heads * d], &v[..2 * heads * d]);
+        c.push(&k[2 * heads * d..], &v[2 * heads * d..]);
+        // A zero row: scale 0, codes 0, no NaN; a row past f16's range saturates, finite.
+        c.push(&vec![0.0; heads * d], &vec![0.0; heads * d]);
+        c.push(&vec![1e9; heads * d], &vec![-1e9; heads * d]);
+        assert_eq!(c.len(), 7);
+        // Half a step of the row's scale, and what the scale's f16 rounding moves the largest
+        // value.
+        let check = |got: &[f32], want: &[f32], sc: f16, what: &str| {
+            let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert_eq!(sc, f16::from_f32(amax / 127.0), "{what}: scale");
+            let sc = sc.to_f32();
+            let tol = 0.5 * sc * 1.0001 + (127.0 * sc - amax).abs();
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                assert!((g - w).abs() <= tol, "{what} [{i}]: {g} vs {w}");
+            }
+        };
+        for h in 0..heads {
+            let (gk, gv) = c.rows_f32(h);
+            let (RowScales::F16(ks), RowScales::F16(vs)) = (c.key_scales(h), c.value_scales(h)) else {
+                panic!("kv8 keys and values have f16 scales")
+            };
+            let KvRows::I8(codes) = c.keys(h) else { panic!("kv8 keys are codes") };
+            assert_eq!((ks.len(), vs.len()), (7, 7));
+            assert_eq!((ks[5].to_f32(), vs[5].to_f32()), (0.0, 0.0));
+            assert_eq!((ks[6], vs[6]), (f16::MAX, f16::MAX));
+            for p in 0..5 {
+                // Values as they come; keys in the rotated basis, then rotated back.
+                check(&gv[p * d..(p + 1) * d], &row(p + 7)[h * d..(h + 1) * d], vs[p], &format!("value {h}/{p}"));
+                let want = &row(p)[h * d..(h + 1) * d];
+                let mut rot = want.to_vec();
+                rotate(&c.key_signs, &mut rot);
+                let stored: Vec<f32> = codes[p * d..(p + 1) * d].iter().map(|&x| ks[p].to_f32() * x as f32).collect();
+                check(&stored, &rot, ks[p], &format!("key {h}/{p}"));
+                let err: f32 =
+                    gk[p * d..(p + 1) * d].iter().zip(want).map(|(g, w)| (g - w).powi(2)).sum::<f32>().sqrt();
+                let bound = (0.5 * ks[p].to_f32()
+                    + (127.0 * ks[p].to_f32() - rot.iter().fold(0f32, |m, x| m.max(x.abs()))).abs())
+                    * (d as f32).sqrt();
+                assert!(err <= bound * 1.001, "key {h}/{p}: error {err}, bound {bound}");
+            }
+            for got in [&gk, &gv] {
+                assert!(got[5 * d..6 * d].iter().all(|&x| x == 0.0));
+                assert!(got[6 * d..].iter().all(|&x| x.is_finite()));
+            }
+            assert!(gv[6 * d..].iter().all(|&x| x == -127.0 * f16::MAX.to_f32()));
+            assert!(matches!((c.keys(h), c.values(h)), (KvRows::I8(_), KvRows::I8(_))));
+        }
+        // The rotation keeps q · k and is undone exactly enough.
+        let (q, kk) = (row(3)[..d].to_vec(), row(4)[..d].to_vec());
+        let (mut rq, mut rk) = (q.clone(), kk.clone());
+        c.rotate_queries(&mut rq);
+        rotate(&c.key_signs, &mut rk);
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        assert!((dot(&rq, &rk) - dot(&q, &kk)).abs() <= 1e-4 * dot(&q, &q).sqrt() * dot(&kk, &kk).sqrt());
+        unrotate(&c.key_signs, &mut rk);
+        assert!(rk.iter().zip(&kk).all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + b.abs())));
+        // Other types leave queries as they are; so does a head size that is not a power of two.
+        let mut same = q.clone();
+        KvCache::with_dtype(1, d, KvDtype::V8).rotate_queries(&mut same);
+        KvCache::with_dtype(1, 48, KvDtype::Kv8).rotate_queries(&mut same[..48]);
+        assert_eq!(same, q);
+        // Truncation keeps codes and scales together; reserved room is counted, 2·d + 4 bytes
+        // a position and head.
+        c.truncate(2);
+        assert_eq!((c.len(), c.key_scales(1).len(), c.value_scales(1).len()), (2, 2, 2));
+        c.reserve(100);
+        assert!(c.capacity_bytes() >= heads * 102 * KvDtype::Kv8.bytes_per_position(d));
+        assert!(c.capacity_bytes() < heads * 102 * KvDtype::V8.bytes_per_position(d));
+        assert_eq!(KvDtype::Kv8.bytes_per_position(d), 2 * d + 4);
+        assert_eq!(KvDtype::parse("kv8").unwrap(), KvDtype::Kv8);
+        assert_eq!(KvDtype::Kv8.name(), "kv8");
     }
 }

@@ -84,7 +84,7 @@ fn greedy_speculation_returns_plain_greedy_ids() {
         let dm = fixture(draft_name);
         let v = m.cfg.vocab_size;
         let p = prompt(v);
-        for kv in [KvDtype::F32, KvDtype::F16, KvDtype::V8] {
+        for kv in [KvDtype::F32, KvDtype::F16, KvDtype::V8, KvDtype::Kv8] {
             let want = plain(&m, kv, &p, 40);
             for k in 1..VERIFY_MAX_ROWS {
                 let lookup = Box::new(LookupDrafter { min_n: 1, max_n: 3 });
@@ -112,6 +112,7 @@ fn assert_same_state(a: &Session, b: &Session, what: &str) {
                 assert_eq!(x.len(), y.len(), "{what}: layer {i} cached positions");
                 for h in 0..x.heads() {
                     assert!(x.rows_f32(h) == y.rows_f32(h), "{what}: layer {i} head {h} keys/values");
+                    assert!(x.key_scales(h) == y.key_scales(h), "{what}: layer {i} head {h} key scales");
                     assert!(x.value_scales(h) == y.value_scales(h), "{what}: layer {i} head {h} value scales");
                 }
             }
@@ -131,7 +132,7 @@ fn a_committed_pass_equals_a_session_that_saw_only_the_kept_tokens() {
         let v = m.cfg.vocab_size;
         let p = prompt(v);
         let rows = forge_model::generate::synthetic_prompt(v, 40)[30..].to_vec();
-        for kv in [KvDtype::F32, KvDtype::F16, KvDtype::V8] {
+        for kv in [KvDtype::F32, KvDtype::F16, KvDtype::V8, KvDtype::Kv8] {
             let mut base = m.new_session_with_kv(kv);
             m.forward(&mut base, &p, Logits::None).unwrap();
             for t in 1..=VERIFY_MAX_ROWS {

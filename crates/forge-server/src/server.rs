@@ -54,6 +54,8 @@ pub struct App {
     pub model_path: String,
     pub model_type: String,
     pub vocab_size: usize,
+    /// The KV cache type of the model's sessions.
+    pub kv_dtype: forge_model::session::KvDtype,
     pub api_key: Option<String>,
     pub max_body: usize,
     started: Instant,
@@ -72,6 +74,7 @@ impl App {
         let model_type = model.cfg.model_type.clone();
         let vocab_size = model.cfg.vocab_size;
         let hybrid = model.is_hybrid();
+        let kv_dtype = model.kv_dtype();
         let mut defaults = Defaults::for_model_type(&model_type);
         cfg.overrides.apply(&mut defaults);
         let ctx = cfg.engine.ctx.max(2);
@@ -84,6 +87,7 @@ impl App {
             model_path: path.display().to_string(),
             model_type,
             vocab_size,
+            kv_dtype,
             api_key: cfg.api_key.filter(|k| !k.is_empty()),
             max_body: body_limit(ctx),
             started: Instant::now(),
@@ -225,7 +229,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         "model_type": app.model_type,
         "hybrid": app.front.hybrid,
         "ctx": app.ctx(),
-        "kv_cache_dtype": forge_model::session::kv_dtype().name(),
+        "kv_cache_dtype": app.kv_dtype.name(),
         "threads": rayon::current_num_threads(),
         "queue": st.queued.load(Ordering::SeqCst),
         "busy": st.busy.load(Ordering::SeqCst),

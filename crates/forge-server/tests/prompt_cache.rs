@@ -5,6 +5,7 @@
 
 mod common;
 
+use forge_model::session::KvDtype;
 use forge_model::{Logits, Model};
 use forge_server::cache::{PrefillResult, Prefilled, PromptCache};
 use std::sync::atomic::AtomicBool;
@@ -65,9 +66,21 @@ fn generate_and_store(cache: &mut PromptCache, model: &Model, prompt: &[u32], p:
     all
 }
 
+/// The cache types the restore tests run with, and how far a cached run may be from a cold one
+/// that cut the prompt into other blocks: f32 rounding in another order, and for kv8 a key or
+/// value moved by that rounding across a code's boundary (none does on these fixtures: within
+/// `SPLIT_TOL` here, but the blocks' rounding differs between CPUs).
+const TYPES: [(KvDtype, f32); 2] = [(KvDtype::F32, SPLIT_TOL), (KvDtype::Kv8, 1e-3)];
+
 #[test]
 fn hybrid_model_restores_snapshots_exactly() {
-    let model = load("qwen35_tiny");
+    for (dtype, tol) in TYPES {
+        hybrid_model_restores_snapshots(dtype, tol);
+    }
+}
+
+fn hybrid_model_restores_snapshots(dtype: KvDtype, tol: f32) {
+    let model = load("qwen35_tiny").with_kv_dtype(dtype);
     assert!(model.is_hybrid());
     let toks = tokens("qwen35_tiny");
     assert!(toks.len() >= 40);
@@ -78,7 +91,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     let pa = prefill(&mut cache, &model, a, &[12, 24]);
     assert_eq!(pa.cached, 0);
     assert!(max_diff(&pa.logits, &cold_split(&model, a, &[12])) == 0.0);
-    assert!(max_diff(&pa.logits, &cold(&model, a)) < SPLIT_TOL);
+    assert!(max_diff(&pa.logits, &cold(&model, a)) < tol);
     let a_full = generate_and_store(&mut cache, &model, a, pa, 4);
 
     // Request B continues A's conversation (prompt + generated + more): the final state is reused.
@@ -87,7 +100,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     let pb = prefill(&mut cache, &model, &b, &[]);
     assert_eq!(pb.cached, a_full.len());
     assert!(max_diff(&pb.logits, &cold_split(&model, &b, &[12, 24, 25, 26, 27, 28])) == 0.0);
-    assert!(max_diff(&pb.logits, &cold(&model, &b)) < SPLIT_TOL, "{}", max_diff(&pb.logits, &cold(&model, &b)));
+    assert!(max_diff(&pb.logits, &cold(&model, &b)) < tol, "{}", max_diff(&pb.logits, &cold(&model, &b)));
     generate_and_store(&mut cache, &model, &b, pb, 2);
 
     // Request C shares only the system prompt: the snapshot at 12 is restored (no truncation is
@@ -97,7 +110,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     let pc = prefill(&mut cache, &model, &c, &[12]);
     assert_eq!(pc.cached, 12);
     assert!(max_diff(&pc.logits, &cold_split(&model, &c, &[12])) == 0.0);
-    assert!(max_diff(&pc.logits, &cold(&model, &c)) < SPLIT_TOL);
+    assert!(max_diff(&pc.logits, &cold(&model, &c)) < tol);
 
     // Request D repeats A's prompt exactly: the snapshot at its end supplies the logits, no forward.
     let pd = prefill(&mut cache, &model, a, &[]);
@@ -114,7 +127,7 @@ fn hybrid_model_restores_snapshots_exactly() {
     e.push(toks[60]);
     let pe = prefill(&mut cache, &model, &e, &[]);
     assert_eq!(pe.cached, 12, "only the snapshot at 12 is a usable prefix");
-    assert!(max_diff(&pe.logits, &cold(&model, &e)) < SPLIT_TOL);
+    assert!(max_diff(&pe.logits, &cold(&model, &e)) < tol);
 }
 
 #[test]
@@ -134,7 +147,13 @@ fn cancelled_prefill_leaves_a_usable_cache() {
 
 #[test]
 fn attention_only_model_truncates_to_the_common_prefix() {
-    let model = load("llama_tiny");
+    for (dtype, tol) in TYPES {
+        attention_only_model_truncates(dtype, tol);
+    }
+}
+
+fn attention_only_model_truncates(dtype: KvDtype, tol: f32) {
+    let model = load("llama_tiny").with_kv_dtype(dtype);
     assert!(!model.is_hybrid());
     let toks = tokens("llama_tiny");
     let n = toks.len().min(32);
@@ -148,11 +167,11 @@ fn attention_only_model_truncates_to_the_common_prefix() {
     let pb = prefill(&mut cache, &model, &b, &[]);
     assert_eq!(pb.cached, 10);
     // Rows 0..10 were computed inside a 32-row block, so equal to tolerance (not bit for bit).
-    assert!(max_diff(&pb.logits, &cold(&model, &b)) < SPLIT_TOL);
+    assert!(max_diff(&pb.logits, &cold(&model, &b)) < tol);
     // A is still there (it was cloned, not consumed): its prompt again reuses all but one token.
     let pa2 = prefill(&mut cache, &model, a, &[]);
     assert_eq!(pa2.cached, n - 1);
-    assert!(max_diff(&pa2.logits, &cold(&model, a)) < SPLIT_TOL);
+    assert!(max_diff(&pa2.logits, &cold(&model, a)) < tol);
 }
 
 #[test]
