@@ -56,6 +56,10 @@ pub struct Args {
     /// in every attention layer's cache and a random state of its scale in every DeltaNet layer.
     #[arg(long, value_parser = ["random"], requires = "context")]
     fill: Option<String>,
+    /// Decode this many sequences together (a comma list, e.g. 1,4,8): aggregate tok/s against
+    /// one sequence, in one run.
+    #[arg(long, value_name = "N,...", value_delimiter = ',')]
+    batch: Vec<usize>,
     #[command(flatten)]
     spec: crate::spec_args::SpecArgs,
 }
@@ -79,6 +83,16 @@ pub fn run(a: Args) -> Result<()> {
             json: a.json,
         };
         return crate::bench_fill::run(model, &b, &probe);
+    }
+    if !a.batch.is_empty() {
+        let b = crate::bench_batch::BatchBench {
+            batches: &a.batch,
+            prompt_tokens: a.prompt_tokens,
+            gen_tokens: a.gen_tokens,
+            repeats: a.repeats,
+            json: a.json,
+        };
+        return crate::bench_batch::run(model, &b);
     }
     if let Some(n) = a.verify_tokens {
         return crate::bench_spec::verify_cost(&path, model, n, a.prompt_tokens, a.repeats, a.json);
@@ -438,6 +452,7 @@ fn stored_bytes(l: &Linear) -> usize {
         Weight::Lut(m) => m.idx.len() + 4 * (m.codebook.len() + m.scale.len()),
         Weight::Int8(m) => m.q.len() + 4 * m.scale.len(),
         Weight::Packed(_) => 0,
+        Weight::Gguf(m) => m.stored_bytes(),
     };
     w + l.lowrank.as_ref().map_or(0, LowRank::bytes)
 }
@@ -452,7 +467,8 @@ fn memory(model: &Model, sess: &Session) -> Memory {
         _ => 0,
     };
     let weights = lin.iter().map(|l| stored_bytes(l)).sum::<usize>() + embed;
-    let packed = lin.iter().filter(|l| !matches!(l.weight, Weight::Dense(_))).map(|l| l.weight_bytes()).sum();
+    let packed =
+        lin.iter().filter(|l| !matches!(l.weight, Weight::Dense(_) | Weight::Gguf(_))).map(|l| l.weight_bytes()).sum();
     let (mut kv, mut recurrent) = (0, 0);
     for l in &sess.layers {
         match l {

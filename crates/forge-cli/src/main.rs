@@ -1,5 +1,6 @@
 //! `forge`: quantize, evaluate and run LLMs on CPUs.
 
+mod bench_batch;
 mod bench_fill;
 mod bench_spec;
 mod cmd_bench;
@@ -14,6 +15,7 @@ mod cmd_eval;
 mod cmd_generate;
 mod cmd_inspect;
 mod cmd_logits;
+mod cmd_plan;
 mod cmd_quantize;
 mod cmd_serve;
 mod cmd_synth;
@@ -79,6 +81,11 @@ enum Cmd {
     Calib(cmd_calib::Args),
     /// Quantize a model into an export (LUT/INT8 formats, per-matrix plan).
     Quantize(cmd_quantize::Args),
+    /// KL cost of each part of a model (mixer, MLP in, MLP down, head) in each candidate format, against a base
+    /// export: the planner's input, with a plot.
+    Sensitivity(cmd_plan::SensitivityArgs),
+    /// Choose a format per part that minimizes the predicted KL within a bits-per-weight budget.
+    Plan(cmd_plan::PlanArgs),
     /// Show what an export holds: formats, bits/weight, SNR, sizes.
     Inspect(cmd_inspect::Args),
     /// OpenAI-compatible HTTP server (chat completions, streaming, tools, reasoning, prompt cache).
@@ -161,6 +168,8 @@ fn main() {
         Cmd::Eval(a) => cmd_eval::run(a),
         Cmd::Calib(a) => cmd_calib::run(a),
         Cmd::Quantize(a) => cmd_quantize::run(a),
+        Cmd::Sensitivity(a) => cmd_plan::run_sensitivity(a),
+        Cmd::Plan(a) => cmd_plan::run_plan(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
         Cmd::Chat(a) => cmd_chat::run(a),

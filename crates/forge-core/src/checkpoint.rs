@@ -3,11 +3,13 @@
 //! Canonical names are relative to the text model: `embed_tokens.weight`,
 //! `layers.3.self_attn.q_proj.weight`, `norm.weight`, `lm_head.weight`. A Hugging Face directory
 //! adds its prefix (`model.` or, for the multimodal `qwen3_5` wrapper, `model.language_model.`);
-//! a GGUF file maps the names to llama.cpp's (`blk.3.attn_q.weight`) and dequantizes to f32,
-//! undoing the Q/K row permutation that llama.cpp's converter applies to `llama` models.
+//! a GGUF file maps the names to llama.cpp's (`blk.3.attn_q.weight`) and dequantizes to f32
+//! ([`Checkpoint::get`]) or hands out block-quantized matrices as they are stored
+//! ([`Checkpoint::gguf_block_matrix`]), undoing the Q/K row permutation that llama.cpp's
+//! converter applies to `llama` models either way.
 
 use crate::config::{Arch, ModelConfig};
-use crate::gguf::GgufFile;
+use crate::gguf::{BlockMatrix, GgufFile};
 use crate::safetensors_dir::SafetensorsSet;
 use crate::tensor::HostTensor;
 use crate::tokenizer::GgufVocab;
@@ -69,8 +71,7 @@ impl Checkpoint {
         }
     }
 
-    /// [`SafetensorsSet::advise_random`] for `canonical` (a GGUF's tensors are dequantized
-    /// into memory: nothing to advise).
+    /// [`SafetensorsSet::advise_random`] for `canonical` (nothing to advise for a GGUF file).
     pub fn advise_random(&self, canonical: &str) {
         if let Checkpoint::Hf { set, .. } = self {
             set.advise_random(&self.stored_name(canonical));
@@ -81,27 +82,53 @@ impl Checkpoint {
     pub fn get(&self, canonical: &str) -> Result<Option<HostTensor>> {
         match self {
             Checkpoint::Hf { set, .. } => set.get(&self.stored_name(canonical)),
-            Checkpoint::Gguf { file, arch } => {
+            Checkpoint::Gguf { file, .. } => {
                 let Some(name) = gguf_name(canonical) else { return Ok(None) };
                 let Some(info) = file.tensor(&name) else { return Ok(None) };
                 let shape = info.shape();
                 let mut data = file.dequantize(&name)?;
-                if arch == "llama" {
-                    let n_head = |k: &str| file.get_u64(&format!("llama.attention.{k}")).map(|v| v as usize);
-                    let heads = if canonical.ends_with("q_proj.weight") {
-                        n_head("head_count")
-                    } else if canonical.ends_with("k_proj.weight") {
-                        n_head("head_count_kv").or_else(|| n_head("head_count"))
-                    } else {
-                        None
-                    };
-                    if let Some(h) = heads {
-                        data = unpermute_rows(&data, &shape, h)
-                            .with_context(|| format!("{}: tensor '{name}'", file.path.display()))?;
-                    }
+                if let Some(h) = self.llama_heads(canonical) {
+                    data = unpermute_rows(&data, &shape, h)
+                        .with_context(|| format!("{}: tensor '{name}'", file.path.display()))?;
                 }
                 Ok(Some(HostTensor::from_f32(shape, data)))
             }
+        }
+    }
+
+    /// A GGUF tensor of a block-quantized type kept in its blocks over the file's mapping (no
+    /// f32 copy), in canonical row order (llama's Q/K permutation undone through a row map).
+    /// None for a directory checkpoint, a missing tensor, or a type that is not block-quantized.
+    pub fn gguf_block_matrix(&self, canonical: &str) -> Result<Option<BlockMatrix>> {
+        let Checkpoint::Gguf { file, .. } = self else { return Ok(None) };
+        let Some(name) = gguf_name(canonical) else { return Ok(None) };
+        let Some(info) = file.tensor(&name) else { return Ok(None) };
+        if !BlockMatrix::supports(info.ty) {
+            return Ok(None);
+        }
+        let heads = self.llama_heads(canonical);
+        let row_map = match (heads, &info.shape()[..]) {
+            (Some(h), &[rows, _]) => {
+                Some(unpermuted_row_map(rows, h).with_context(|| format!("{}: tensor '{name}'", file.path.display()))?)
+            }
+            _ => None,
+        };
+        file.block_matrix(&name, row_map)
+    }
+
+    /// For a `llama` GGUF's Q/K projection weight, the head count its rows were permuted by.
+    fn llama_heads(&self, canonical: &str) -> Option<usize> {
+        let Checkpoint::Gguf { file, arch } = self else { return None };
+        if arch != "llama" {
+            return None;
+        }
+        let n_head = |k: &str| file.get_u64(&format!("llama.attention.{k}")).map(|v| v as usize);
+        if canonical.ends_with("q_proj.weight") {
+            n_head("head_count")
+        } else if canonical.ends_with("k_proj.weight") {
+            n_head("head_count_kv").or_else(|| n_head("head_count"))
+        } else {
+            None
         }
     }
 
@@ -205,6 +232,21 @@ fn gguf_name(canonical: &str) -> Option<String> {
             format!("blk.{idx}.{mapped}")
         }
     })
+}
+
+/// The GGUF row each HF row reads under llama.cpp's `permute` (see [`unpermute_rows`]).
+fn unpermuted_row_map(rows: usize, n_head: usize) -> Result<Vec<u32>> {
+    if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
+        bail!("{rows} rows do not split into {n_head} heads of even size");
+    }
+    let hd = rows / n_head;
+    let half = hd / 2;
+    Ok((0..rows)
+        .map(|dst| {
+            let (h, w) = (dst / hd, dst % hd);
+            (h * hd + 2 * (w % half) + w / half) as u32
+        })
+        .collect())
 }
 
 /// Undo llama.cpp's `permute`: within each head, GGUF row `2j + p` is HF row `p·(d/2) + j`.
@@ -314,5 +356,11 @@ mod tests {
             }
         }
         assert_eq!(unpermute_rows(&gg, &[rows, cols], n_head).unwrap(), hf);
+        // The row map (what quantized GGUF matrices read through) does the same.
+        let map = unpermuted_row_map(rows, n_head).unwrap();
+        let mapped: Vec<f32> =
+            map.iter().flat_map(|&r| gg[r as usize * cols..(r as usize + 1) * cols].to_vec()).collect();
+        assert_eq!(mapped, hf);
+        assert!(unpermuted_row_map(rows, 5).is_err());
     }
 }

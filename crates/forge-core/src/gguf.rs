@@ -1,4 +1,6 @@
-//! GGUF v2/v3 reader (metadata, tensor directory, dequantization to f32) and a small writer for tests.
+//! GGUF v2/v3 reader (metadata, tensor directory, dequantization to f32, block-quantized
+//! matrices kept in the mapping and decoded row by row: [`BlockMatrix`]) and a small writer for
+//! tests.
 //!
 //! The reader memory-maps the file and validates everything it is told by the header before it
 //! trusts it: every count and length is bounded by the bytes actually left in the file before
@@ -10,6 +12,7 @@
 //! dequantizers bit-for-bit against gguf-py's numpy reference (`gguf/quants.py`).
 
 use crate::backing::Backing;
+use crate::tensor::Bytes;
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap};
@@ -17,6 +20,7 @@ use std::fmt;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A GGUF metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -361,7 +365,8 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, GgufValue>,
     pub tensors: Vec<GgufTensorInfo>,
     by_name: HashMap<String, usize>,
-    data: Backing,
+    /// Shared so that [`BlockMatrix`] views can hold on to the mapping.
+    data: Arc<Backing>,
 }
 
 impl GgufFile {
@@ -393,7 +398,7 @@ impl GgufFile {
             metadata: parsed.metadata,
             tensors: parsed.tensors,
             by_name: parsed.by_name,
-            data,
+            data: Arc::new(data),
         })
     }
 
@@ -408,6 +413,37 @@ impl GgufFile {
             .ok()
             .and_then(|start| self.data.get(start..start.checked_add(info.n_bytes)?))
             .unwrap_or(&[])
+    }
+
+    /// The raw bytes of a tensor as a view that shares the file's mapping (no copy); None when
+    /// the tensor's range lies outside the file.
+    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> Option<Bytes> {
+        let start = usize::try_from(info.offset).ok()?;
+        let end = start.checked_add(info.n_bytes)?;
+        (end <= self.data.len()).then(|| Bytes::new(self.data.clone(), start, info.n_bytes))
+    }
+
+    /// A 2-D tensor of a block-quantized type as a [`BlockMatrix`] over the mapping (None for
+    /// other types: plain floats, or blocks without a decoder). `row_map` as in
+    /// [`BlockMatrix::new`]. Errors name the file and the tensor.
+    pub fn block_matrix(&self, name: &str, row_map: Option<Vec<u32>>) -> Result<Option<BlockMatrix>> {
+        let shown = self.path.display();
+        let info = self.tensor(name).ok_or_else(|| anyhow!("{shown}: no tensor named '{name}'"))?;
+        if !BlockMatrix::supports(info.ty) {
+            return Ok(None);
+        }
+        let (rows, cols) = match info.shape()[..] {
+            [r, c] => (r, c),
+            ref other => bail!("{shown}: tensor {name} of type {} has shape {other:?}, expected a matrix", info.ty),
+        };
+        let bytes = self.tensor_bytes(info).ok_or_else(|| {
+            anyhow!(
+                "{shown}: tensor {name}: data at offset {} ({} bytes) lies outside the file",
+                info.offset,
+                info.n_bytes
+            )
+        })?;
+        BlockMatrix::new(name, info.ty, rows, cols, bytes, row_map).map(Some).with_context(|| format!("{shown}"))
     }
 
     /// Dequantize a whole tensor to f32 (row-major, shape = info.shape()).
@@ -794,6 +830,162 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
     if data.len() != expected {
         bail!("{ty} data is {} bytes, expected {expected} for {} elements", data.len(), out.len());
     }
+    if !decode_blocks(ty, data, out) {
+        bail!("unsupported tensor type {ty}");
+    }
+    Ok(())
+}
+
+/// A GGUF matrix kept in its block-quantized form: `rows` rows of `cols` elements, each row
+/// `cols / block_size` consecutive blocks of the ggml type (the file's own layout, row 0 first),
+/// borrowed from the file's mapping. Rows are decoded on demand with the same per-block
+/// dequantizers as [`dequantize`], so a decoded row equals the dequantized tensor's row bit for bit.
+#[derive(Clone)]
+pub struct BlockMatrix {
+    /// The tensor's name in the file (for messages).
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    bytes: Bytes,
+    /// Stored row of each logical row, when they differ (llama's Q/K head permutation).
+    row_map: Option<Arc<[u32]>>,
+}
+
+impl fmt::Debug for BlockMatrix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockMatrix({} {} [{}, {}])", self.name, self.ty, self.rows, self.cols)
+    }
+}
+
+impl BlockMatrix {
+    /// Whether rows of `ty` can be held as blocks: quantized types with more than one element a
+    /// block and a decoder (plain float types are read as dense tensors instead).
+    pub fn supports(ty: GgmlType) -> bool {
+        ty.can_dequantize() && ty.block_size().is_some_and(|bs| bs > 1)
+    }
+
+    /// `bytes` must hold exactly `rows` rows of `cols` elements of `ty`; `row_map[r]`, when
+    /// given, is the stored row that logical row `r` reads (a permutation of `0..rows`). Any
+    /// inconsistency is an error naming the tensor.
+    pub fn new(
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: Bytes,
+        row_map: Option<Vec<u32>>,
+    ) -> Result<BlockMatrix> {
+        if !Self::supports(ty) {
+            bail!("tensor {name}: type {ty} is not a block-quantized type Forge can decode");
+        }
+        let row_bytes = ty.row_bytes(cols).ok_or_else(|| {
+            anyhow!(
+                "tensor {name}: row length {cols} is not a whole number of {ty} blocks of {}",
+                ty.block_size().unwrap_or(0)
+            )
+        })?;
+        let need =
+            row_bytes.checked_mul(rows).ok_or_else(|| anyhow!("tensor {name}: size of [{rows}, {cols}] overflows"))?;
+        if bytes.len() != need {
+            bail!(
+                "tensor {name}: {} bytes of {ty} data, but [{rows}, {cols}] needs {need} (truncated or inconsistent)",
+                bytes.len()
+            );
+        }
+        if let Some(m) = &row_map {
+            let mut seen = vec![false; rows];
+            let ok = m.len() == rows
+                && m.iter().all(|&r| (r as usize) < rows && !std::mem::replace(&mut seen[r as usize], true));
+            if !ok {
+                bail!("tensor {name}: row map is not a permutation of its {rows} rows");
+            }
+        }
+        Ok(BlockMatrix { name: name.to_string(), ty, rows, cols, row_bytes, bytes, row_map: row_map.map(Arc::from) })
+    }
+
+    /// Bytes of the stored blocks.
+    pub fn stored_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Decode logical rows `r0..r0 + n` into `out` (`n × cols` values).
+    pub fn decode_rows(&self, r0: usize, n: usize, out: &mut [f32]) -> Result<()> {
+        if r0.checked_add(n).is_none_or(|end| end > self.rows) || out.len() < n * self.cols {
+            bail!(
+                "tensor {}: rows {r0}..{} of {} into {} values",
+                self.name,
+                r0.saturating_add(n),
+                self.rows,
+                out.len()
+            );
+        }
+        for (r, o) in (r0..r0 + n).zip(out.chunks_exact_mut(self.cols)) {
+            self.decode_row(r, o);
+        }
+        Ok(())
+    }
+
+    /// Decode logical row `r` (< rows) into `out` (`cols` values); checked by the callers.
+    fn decode_row(&self, r: usize, out: &mut [f32]) {
+        let s = self.row_map.as_ref().map_or(r, |m| m[r] as usize) * self.row_bytes;
+        // `new` checked the type and the sizes, so this cannot refuse.
+        let done = decode_blocks(self.ty, &self.bytes[s..s + self.row_bytes], out);
+        debug_assert!(done);
+    }
+}
+
+/// Where a block of `ty` keeps its super-scales (the offsets the dequantizers below read):
+/// f16 `d` and, for the types with one, the f16 minimum `m`/`dmin`; Q8_K's `d` is an f32.
+fn scale_fields(ty: GgmlType) -> Option<(usize, Option<usize>)> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4NL | IQ4XS | Q8K => (0, None),
+        Q4_1 | Q5_1 | Q4K | Q5K => (0, Some(2)),
+        Q2K => (80, Some(82)),
+        Q3K => (108, None),
+        Q6K => (208, None),
+        TQ1_0 => (52, None),
+        TQ2_0 => (64, None),
+        _ => return None,
+    })
+}
+
+/// Blocks of a block-quantized `ty` for `n` elements (a whole number of blocks) with random
+/// quants and each block's scale drawn from `[scale/2, 3·scale/2)` (its minimum, where it has
+/// one, at minus half that): finite data of known magnitude for tests and tools. None for types
+/// [`BlockMatrix`] does not hold.
+pub fn sample_blocks(ty: GgmlType, n: usize, scale: f32, seed: u64) -> Option<Vec<u8>> {
+    let (d_at, m_at) = scale_fields(ty)?;
+    let ts = ty.type_size()?;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut data: Vec<u8> = (0..ty.row_bytes(n)?).map(|_| (next() >> 32) as u8).collect();
+    for block in data.chunks_exact_mut(ts) {
+        let d = scale * (0.5 + (next() >> 40) as f32 / (1u64 << 24) as f32);
+        if ty == GgmlType::Q8K {
+            block[..4].copy_from_slice(&d.to_le_bytes());
+            continue;
+        }
+        block[d_at..d_at + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        if let Some(m) = m_at {
+            block[m..m + 2].copy_from_slice(&half::f16::from_f32(-d / 2.0).to_le_bytes());
+        }
+    }
+    Some(data)
+}
+
+/// Decode the whole blocks of `data` into `out` with the per-block dequantizers below; false
+/// (nothing written) for a type without one. The caller checked that `data` holds exactly the
+/// blocks of `out.len()` elements.
+fn decode_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) -> bool {
+    let Some((bs, ts)) = ty.layout() else { return false };
     use GgmlType::*;
     match ty {
         F32 => each_block(data, ts, out, bs, |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
@@ -819,10 +1011,10 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
         IQ4XS => each_block(data, ts, out, bs, dequant_iq4_xs),
         TQ1_0 => each_block(data, ts, out, bs, dequant_tq1_0),
         TQ2_0 => each_block(data, ts, out, bs, dequant_tq2_0),
-        // Kept in step with `can_dequantize`, which was checked above.
-        _ => bail!("unsupported tensor type {ty}"),
+        // Kept in step with `can_dequantize`.
+        _ => return false,
     }
-    Ok(())
+    true
 }
 
 /// Applies `kernel` to each (block bytes, block output) pair. Generic so that each kernel is
@@ -1718,5 +1910,77 @@ mod tests {
         for t in &a.tensors {
             assert_eq!(a.tensor_data(t), b.tensor_data(t));
         }
+    }
+
+    /// Every type a `BlockMatrix` holds decodes its rows exactly as `dequantize` decodes the
+    /// tensor, through a row map too; the sample blocks are finite.
+    #[test]
+    fn block_matrix_rows_equal_dequantized_tensor() {
+        use GgmlType::*;
+        let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K, IQ4NL, IQ4XS, TQ1_0, TQ2_0];
+        for (i, ty) in types.into_iter().enumerate() {
+            assert!(BlockMatrix::supports(ty), "{ty}");
+            let (rows, cols) = (5, 512);
+            let data = sample_blocks(ty, rows * cols, 0.01, i as u64).unwrap();
+            let mut full = vec![0f32; rows * cols];
+            dequantize(ty, &data, &mut full).unwrap();
+            assert!(full.iter().all(|v| v.is_finite() && v.abs() < 100.0), "{ty}");
+            let map = vec![3, 0, 4, 1, 2];
+            let m = BlockMatrix::new("w", ty, rows, cols, Bytes::from_vec(data.clone()), Some(map.clone())).unwrap();
+            let mut got = vec![0f32; 3 * cols];
+            m.decode_rows(1, 3, &mut got).unwrap();
+            for (k, r) in (1..4).enumerate() {
+                let src = map[r] as usize;
+                assert_eq!(got[k * cols..(k + 1) * cols], full[src * cols..(src + 1) * cols], "{ty} row {r}");
+            }
+            assert_eq!(m.stored_bytes(), data.len());
+        }
+        for ty in [F32, F16, BF16, Other(99)] {
+            assert!(!BlockMatrix::supports(ty) && sample_blocks(ty, 32, 1.0, 0).is_none(), "{ty}");
+        }
+    }
+
+    /// A truncated, mis-sized or misdescribed block tensor is an error naming the tensor, never
+    /// a panic, whether built directly or read from a file.
+    #[test]
+    fn bad_block_tensors_are_errors_naming_the_tensor() {
+        let data = sample_blocks(GgmlType::Q4K, 4 * 256, 0.01, 1).unwrap();
+        let err = |r: Result<BlockMatrix>| format!("{:#}", r.expect_err("expected an error"));
+        let short = Bytes::from_vec(data[..data.len() - 1].to_vec());
+        let msg = err(BlockMatrix::new("blk.0.ffn_up.weight", GgmlType::Q4K, 4, 256, short, None));
+        assert!(msg.contains("blk.0.ffn_up.weight") && msg.contains("truncated"), "{msg}");
+        let msg = err(BlockMatrix::new("w.odd", GgmlType::Q4K, 8, 128, Bytes::from_vec(data.clone()), None));
+        assert!(msg.contains("w.odd") && msg.contains("block"), "{msg}");
+        let msg = err(BlockMatrix::new("w.f32", GgmlType::F32, 4, 4, Bytes::from_vec(vec![0; 64]), None));
+        assert!(msg.contains("w.f32"), "{msg}");
+        let msg = err(BlockMatrix::new(
+            "w.map",
+            GgmlType::Q4K,
+            4,
+            256,
+            Bytes::from_vec(data.clone()),
+            Some(vec![0, 1, 1, 3]),
+        ));
+        assert!(msg.contains("w.map") && msg.contains("permutation"), "{msg}");
+        let m = BlockMatrix::new("w.ok", GgmlType::Q4K, 4, 256, Bytes::from_vec(data.clone()), None).unwrap();
+        let msg = format!("{:#}", m.decode_rows(3, 2, &mut vec![0f32; 512]).unwrap_err());
+        assert!(msg.contains("w.ok"), "{msg}");
+
+        // From a file: a 3-D block tensor is refused by name; a truncated file at open.
+        let p = TempPath::new("blocks");
+        let q8 = sample_blocks(GgmlType::Q8_0, 2 * 2 * 32, 0.01, 2).unwrap();
+        let tensors = vec![
+            ("cube".to_string(), vec![32, 2, 2], GgmlType::Q8_0, q8.clone()),
+            ("mat".to_string(), vec![256, 4], GgmlType::Q4K, data.clone()),
+        ];
+        write_gguf(&p.0, &[], &tensors).unwrap();
+        let f = GgufFile::open(&p.0).unwrap();
+        assert_one_line_err(f.block_matrix("cube", None), &p.0, "cube");
+        assert_one_line_err(f.block_matrix("nope", None), &p.0, "nope");
+        let m = f.block_matrix("mat", None).unwrap().expect("Q4_K is held in blocks");
+        assert_eq!((m.rows, m.cols, m.ty), (4, 256, GgmlType::Q4K));
+        let bytes = std::fs::read(&p.0).unwrap();
+        std::fs::write(&p.0, &bytes[..bytes.len() - 100]).unwrap();
+        assert_one_line_err(GgufFile::open(&p.0), &p.0, "mat");
     }
 }

@@ -12,5 +12,5 @@ pub mod session;
 pub mod speculative;
 
 pub use linear::Linear;
-pub use model::{Logits, Model};
+pub use model::{Logits, Model, Step};
 pub use session::Session;

@@ -5,6 +5,7 @@ use crate::model::Model;
 use anyhow::{Context, Result};
 use forge_core::chat::ChatTemplate;
 use forge_core::checkpoint::Checkpoint;
+use forge_core::config::ModelConfig;
 use forge_core::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 
@@ -81,10 +82,72 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// How a checkpoint is loaded.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Dequantize a GGUF file's block-quantized linear weights to f32 at load (the reference
+    /// path: about 7× a Q4 file's size in memory) instead of running them from the file's
+    /// mapping in their blocks.
+    pub dequantize_gguf: bool,
+}
+
 /// Load a checkpoint with some linear layers supplied by `provider`.
 pub fn load_with(path: &Path, provider: &crate::model::LinearProvider) -> Result<Loaded> {
+    load_with_options(path, provider, LoadOptions::default())
+}
+
+/// [`load`] of a plain checkpoint (not an export) with `opts`.
+pub fn load_options(path: &Path, opts: LoadOptions) -> Result<Loaded> {
+    load_with_options(path, &|_, _, _| Ok(None), opts)
+}
+
+/// The GGUF block-quantized weight of linear layer `name` (canonical, without `.weight`) as a
+/// [`crate::linear::Linear`] over the file's mapping; None where the checkpoint is not GGUF or
+/// the weight is not block-quantized (it is then read as a dense tensor). A tied head reads the
+/// embedding table (the model then looks embeddings up row by row through the head).
+pub fn gguf_linear(
+    ck: &Checkpoint,
+    cfg: &ModelConfig,
+    name: &str,
+    out_f: usize,
+    in_f: usize,
+) -> Result<Option<crate::linear::Linear>> {
+    let stored = if name == "lm_head" && cfg.tie_embeddings { "embed_tokens" } else { name };
+    let Some(m) = ck.gguf_block_matrix(&format!("{stored}.weight"))? else { return Ok(None) };
+    if (m.rows, m.cols) != (out_f, in_f) {
+        anyhow::bail!(
+            "{}: tensor '{}' has shape [{}, {}], the config implies [{out_f}, {in_f}]",
+            ck.path().display(),
+            m.name,
+            m.rows,
+            m.cols
+        );
+    }
+    Ok(Some(crate::linear::Linear::with_weight(name, out_f, in_f, crate::linear::Weight::Gguf(std::sync::Arc::new(m)))))
+}
+
+/// [`Model::load_with`] where the layers `provider` does not supply come, for a GGUF file, from
+/// [`gguf_linear`] (unless `opts` asks for dequantization), else from the dense tensors.
+pub fn model_with_options(
+    ck: &Checkpoint,
+    cfg: ModelConfig,
+    provider: &crate::model::LinearProvider,
+    opts: LoadOptions,
+) -> Result<Model> {
+    if opts.dequantize_gguf || !matches!(ck, Checkpoint::Gguf { .. }) {
+        return Model::load_with(ck, cfg, provider);
+    }
+    let c = cfg.clone();
+    Model::load_with(ck, cfg, &|name, o, i| match provider(name, o, i)? {
+        Some(l) => Ok(Some(l)),
+        None => gguf_linear(ck, &c, name, o, i),
+    })
+}
+
+/// [`load_with`] with `opts`.
+pub fn load_with_options(path: &Path, provider: &crate::model::LinearProvider, opts: LoadOptions) -> Result<Loaded> {
     let (ck, cfg) = Checkpoint::open(path)?;
-    let model = Model::load_with(&ck, cfg, provider)?;
+    let model = model_with_options(&ck, cfg, provider, opts)?;
     let (tokenizer, template) = match &ck {
         Checkpoint::Hf { dir, .. } => {
             let tok = if dir.join("tokenizer.json").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };

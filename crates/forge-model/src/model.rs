@@ -133,6 +133,20 @@ pub enum Logits {
     None,
 }
 
+/// One sequence's share of a batched forward pass ([`Model::forward_batch`]).
+pub struct Step<'a> {
+    pub session: &'a mut Session,
+    pub tokens: &'a [u32],
+    pub want: Logits,
+}
+
+/// One sequence's rows within a layer of a batched pass.
+struct Segment<'a> {
+    state: &'a mut LayerState,
+    t: usize,
+    pos0: usize,
+}
+
 fn small(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>> {
     ck.require_numel(name, &[n])?.to_f32_vec()
 }
@@ -295,31 +309,95 @@ impl Model {
         // Every forward pass makes many parallel calls, a few µs (decode) to a few hundred
         // (prefill) each: the other workers spin between them (`forge_kernels::team`) instead of
         // falling asleep in rayon and being woken for each.
-        with_team(|| self.forward_rows(s, tokens, want, out))
+        with_team(|| self.forward_steps(&mut [Step { session: s, tokens, want }], std::slice::from_mut(out)))
     }
 
-    fn forward_rows(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
-        let t = tokens.len();
-        if t == 0 {
+    /// Several sequences advanced in one pass (continuous batching): every step's rows go
+    /// through each matrix together, so the weights are read once for all of them, while
+    /// attention and DeltaNet run per sequence on its own cache and state. `outs[i]` receives
+    /// step `i`'s logits as [`Model::forward`] would return them. Up to [`VERIFY_MAX_ROWS`] rows
+    /// in all, every sequence gets the bits it would get alone.
+    pub fn forward_batch(&self, steps: &mut [Step], outs: &mut [Vec<f32>]) -> Result<()> {
+        if rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
+            return rayon::scope(|_| with_team(|| self.forward_steps(steps, outs)));
+        }
+        with_team(|| self.forward_steps(steps, outs))
+    }
+
+    fn forward_steps(&self, steps: &mut [Step], outs: &mut [Vec<f32>]) -> Result<()> {
+        anyhow::ensure!(steps.len() == outs.len(), "{} steps for {} outputs", steps.len(), outs.len());
+        if steps.iter().any(|s| s.tokens.is_empty()) || steps.is_empty() {
             bail!("forward called with no tokens");
         }
+        let t: usize = steps.iter().map(|s| s.tokens.len()).sum();
         let h = self.cfg.hidden_size;
         let mut timer = crate::profile::start();
         let mut x = Buf::for_overwrite(t * h);
-        self.embed_into(tokens, &mut x)?;
+        let mut r0 = 0;
+        for s in steps.iter() {
+            self.embed_into(s.tokens, &mut x[r0 * h..(r0 + s.tokens.len()) * h])?;
+            r0 += s.tokens.len();
+        }
         timer.stop(crate::profile::Part::Embed);
         for li in 0..self.layers.len() {
-            self.forward_layer(li, &mut s.layers[li], &mut x, t, s.pos)?;
-        }
-        s.pos += t;
-        let mut timer = crate::profile::start();
-        let r = match want {
-            Logits::None => {
-                out.clear();
-                Ok(())
+            // One sequence (decode, verify, prefill) needs no list: a warm decode step allocates
+            // nothing.
+            if let [s] = &mut *steps {
+                let mut seg = Segment { t: s.tokens.len(), pos0: s.session.pos, state: &mut s.session.layers[li] };
+                self.forward_segments(li, std::slice::from_mut(&mut seg), &mut x)?;
+                continue;
             }
-            Logits::All => self.logits_into(&x, t, out),
-            Logits::Last => self.logits_into(&x[(t - 1) * h..], 1, out),
+            let mut segs: Vec<Segment> = steps
+                .iter_mut()
+                .map(|s| Segment { t: s.tokens.len(), pos0: s.session.pos, state: &mut s.session.layers[li] })
+                .collect();
+            self.forward_segments(li, &mut segs, &mut x)?;
+        }
+        steps.iter_mut().for_each(|s| s.session.pos += s.tokens.len());
+        let mut timer = crate::profile::start();
+        let r = if let [s] = &*steps {
+            match s.want {
+                Logits::None => {
+                    outs[0].clear();
+                    Ok(())
+                }
+                Logits::All => self.logits_into(&x, t, &mut outs[0]),
+                Logits::Last => self.logits_into(&x[(t - 1) * h..], 1, &mut outs[0]),
+            }
+        } else {
+            // The rows whose logits are wanted, in step order, through the head at once.
+            let mut rows: Vec<usize> = Vec::new();
+            let mut r0 = 0;
+            for s in steps.iter() {
+                let n = s.tokens.len();
+                match s.want {
+                    Logits::None => {}
+                    Logits::All => rows.extend(r0..r0 + n),
+                    Logits::Last => rows.push(r0 + n - 1),
+                }
+                r0 += n;
+            }
+            let mut picked = Buf::for_overwrite(rows.len() * h);
+            for (dst, &r) in picked.chunks_mut(h).zip(&rows) {
+                dst.copy_from_slice(&x[r * h..(r + 1) * h]);
+            }
+            let mut all = Vec::new();
+            let r = if rows.is_empty() { Ok(()) } else { self.logits_into(&picked, rows.len(), &mut all) };
+            let v = self.head.out_f;
+            let mut k = 0;
+            for (s, out) in steps.iter().zip(outs.iter_mut()) {
+                let n = match s.want {
+                    Logits::None => 0,
+                    Logits::All => s.tokens.len(),
+                    Logits::Last => 1,
+                };
+                out.clear();
+                if r.is_ok() {
+                    out.extend_from_slice(&all[k * v..(k + n) * v]);
+                }
+                k += n;
+            }
+            r
         };
         timer.stop(crate::profile::Part::Head);
         r
@@ -412,7 +490,15 @@ impl Model {
 
     /// One decoder layer over `t` rows of `x` (in place), starting at position `pos0`.
     pub fn forward_layer(&self, li: usize, st: &mut LayerState, x: &mut [f32], t: usize, pos0: usize) -> Result<()> {
+        anyhow::ensure!(x.len() == t * self.cfg.hidden_size, "{} values for {t} rows", x.len());
+        self.forward_segments(li, &mut [Segment { state: st, t, pos0 }], x)
+    }
+
+    /// One decoder layer over the rows of `x` (in place), cut into the segments of several
+    /// sequences: the matrices see every row at once, the token mixer each segment alone.
+    fn forward_segments(&self, li: usize, segs: &mut [Segment], x: &mut [f32]) -> Result<()> {
         let h = self.cfg.hidden_size;
+        let t = x.len() / h;
         let (zc, eps) = (self.cfg.norm_zero_centered, self.cfg.rms_eps);
         let layer = &self.layers[li];
         let mut timer = crate::profile::start();
@@ -422,14 +508,9 @@ impl Model {
                 rmsnorm(xi, &layer.input_norm, eps, zc, hi);
             }
         });
-        let (m, part) = match (&layer.mixer, st) {
-            (Mixer::Attention(a), LayerState::Attn(cache)) => {
-                (self.attention(a, cache, &hbuf, t, pos0)?, crate::profile::Part::Attention)
-            }
-            (Mixer::DeltaNet(d), LayerState::Delta(st)) => {
-                (self.deltanet(d, st, &hbuf, t)?, crate::profile::Part::DeltaNet)
-            }
-            _ => bail!("session does not match the model at layer {li}"),
+        let (m, part) = match &layer.mixer {
+            Mixer::Attention(a) => (self.attention(li, a, segs, &hbuf, t)?, crate::profile::Part::Attention),
+            Mixer::DeltaNet(d) => (self.deltanet(li, d, segs, &hbuf, t)?, crate::profile::Part::DeltaNet),
         };
         timer.stop(part);
         by_rows2(x, &mut hbuf, h, &|r0, xs, hb| {
@@ -462,12 +543,49 @@ impl Model {
         Ok(())
     }
 
-    fn attention(&self, a: &Attention, cache: &mut KvCache, hbuf: &[f32], t: usize, pos0: usize) -> Result<Buf> {
-        let cfg = &self.cfg;
-        let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    fn attention(&self, li: usize, a: &Attention, segs: &mut [Segment], hbuf: &[f32], t: usize) -> Result<Buf> {
         let (mut qf, mut k, mut v) =
             (Buf::for_overwrite(t * a.q.out_f), Buf::for_overwrite(t * a.k.out_f), Buf::for_overwrite(t * a.v.out_f));
         Linear::forward_shared_into(&[&a.q, &a.k, &a.v], hbuf, t, &mut [&mut qf, &mut k, &mut v])?;
+        let mut out = Buf::for_overwrite(t * self.cfg.num_heads * self.cfg.head_dim);
+        let (mut r0, od) = (0, self.cfg.num_heads * self.cfg.head_dim);
+        for seg in segs.iter_mut() {
+            let LayerState::Attn(cache) = &mut *seg.state else {
+                bail!("session does not match the model at layer {li}")
+            };
+            let n = seg.t;
+            self.attention_core(
+                a,
+                cache,
+                &qf[r0 * a.q.out_f..(r0 + n) * a.q.out_f],
+                &mut k[r0 * a.k.out_f..(r0 + n) * a.k.out_f],
+                &v[r0 * a.v.out_f..(r0 + n) * a.v.out_f],
+                n,
+                seg.pos0,
+                &mut out[r0 * od..(r0 + n) * od],
+            );
+            r0 += n;
+        }
+        a.o.forward_buf(&out, t)
+    }
+
+    /// One sequence's attention after the projections (`qf`, `k`, `v`: its `t` rows): norms,
+    /// RoPE from `pos0`, the cache append, attention over the history and the output gate, into
+    /// `out` (the input of `o_proj`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_core(
+        &self,
+        a: &Attention,
+        cache: &mut KvCache,
+        qf: &[f32],
+        k: &mut [f32],
+        v: &[f32],
+        t: usize,
+        pos0: usize,
+        out: &mut [f32],
+    ) {
+        let cfg = &self.cfg;
+        let (nh, kvh, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let mut timer = crate::profile::start();
         let qstride = cfg.q_proj_dim() / nh; // hd, or 2·hd with the output gate
         let mut q = Buf::for_overwrite(t * nh * hd);
@@ -498,10 +616,9 @@ impl Model {
             }
         }
         cache.rotate_queries(&mut q);
-        cache.push(&k, &v);
+        cache.push(k, v);
         let group = nh / kvh;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = Buf::for_overwrite(t * nh * hd);
         let cache = &*cache;
         let gsize = group * hd;
         // Token `i`'s query group `g` over its history: one part of it into `o` and its
@@ -545,7 +662,7 @@ impl Model {
             let per = items.div_ceil(16 * threads);
             let ssize = group * (pos0 + t);
             let mut scores = Buf::for_overwrite(items.div_ceil(per) * ssize);
-            par_chunks2_mut(&mut out, per * gsize, &mut scores, ssize, &|k, o, sc| {
+            par_chunks2_mut(out, per * gsize, &mut scores, ssize, &|k, o, sc| {
                 for (j, oj) in o.chunks_mut(gsize).enumerate() {
                     let item = k * per + j;
                     one(item / kvh, item % kvh, None, sc, oj);
@@ -588,11 +705,10 @@ impl Model {
             out.iter_mut().zip(gate.iter()).for_each(|(o, &g)| *o *= sigmoid(g));
         }
         timer.stop(crate::profile::Part::AttentionCore);
-        a.o.forward_buf(&out, t)
     }
 
-    fn deltanet(&self, d: &DeltaNet, st: &mut DeltaState, hbuf: &[f32], t: usize) -> Result<Buf> {
-        let c: &DeltaNetConfig = self.cfg.deltanet.as_ref().unwrap();
+    fn deltanet(&self, li: usize, d: &DeltaNet, segs: &mut [Segment], hbuf: &[f32], t: usize) -> Result<Buf> {
+        let c: &DeltaNetConfig = self.cfg.deltanet.as_ref().context("DeltaNet layer without deltanet config")?;
         let (cd, nv, vd) = (c.conv_dim(), c.num_v_heads, c.value_dim());
         let (mut mixed, mut z, mut b, mut a) = (
             Buf::for_overwrite(t * cd),
@@ -606,9 +722,29 @@ impl Model {
             t,
             &mut [&mut mixed, &mut z, &mut b, &mut a],
         )?;
-        st.journal.record(t, &mixed, &z, &b, &a);
-        let out = self.deltanet_core(d, st, &mixed, &z, &b, &a, t);
-        d.out.forward_buf(&out, t)
+        let one = segs.len() == 1;
+        let mut core = if one { None } else { Some(Buf::for_overwrite(t * vd)) };
+        let mut r0 = 0;
+        for seg in segs.iter_mut() {
+            let LayerState::Delta(st) = &mut *seg.state else {
+                bail!("session does not match the model at layer {li}")
+            };
+            let n = seg.t;
+            let (m, zz, bb, aa) = (
+                &mixed[r0 * cd..(r0 + n) * cd],
+                &z[r0 * vd..(r0 + n) * vd],
+                &b[r0 * nv..(r0 + n) * nv],
+                &a[r0 * nv..(r0 + n) * nv],
+            );
+            st.journal.record(n, m, zz, bb, aa);
+            let o = self.deltanet_core(d, st, m, zz, bb, aa, n);
+            match &mut core {
+                None => return d.out.forward_buf(&o, t),
+                Some(c) => c[r0 * vd..(r0 + n) * vd].copy_from_slice(&o),
+            }
+            r0 += n;
+        }
+        d.out.forward_buf(&core.expect("several segments"), t)
     }
 
     /// A DeltaNet's token mixing after its input projections: conv, delta rule, gated norm, for

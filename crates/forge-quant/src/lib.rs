@@ -1,4 +1,5 @@
 //! Forge quantization: codebook fitting, quantization methods, plans, exports, evaluation.
+pub mod budget;
 pub mod calib;
 pub mod calib_gen;
 pub mod check;
@@ -14,4 +15,5 @@ pub mod quantize;
 pub mod quantize_matrix;
 pub mod recipe;
 pub mod reconstruct;
+pub mod sensitivity;
 pub mod synth;

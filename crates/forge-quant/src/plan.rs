@@ -71,6 +71,16 @@ pub enum Part {
 }
 
 impl Part {
+    pub fn parse(s: &str) -> Result<Part> {
+        match s {
+            "mlp" => Ok(Part::Mlp),
+            "attn" => Ok(Part::Attn),
+            "gdn" => Ok(Part::Gdn),
+            "head" => Ok(Part::Head),
+            _ => bail!("unknown part '{s}' (gdn, attn, mlp, head)"),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Part::Mlp => "mlp",

@@ -11,7 +11,7 @@ use crate::lowrank::lowrank_factors;
 use crate::plan::{Basis, Part, Plan};
 use crate::quantize_matrix::{fit_codebook, normalize, row_scales, QuantMatrix};
 use crate::quantize_matrix::{quantize_rtn, snr_db};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
 use forge_core::fsutil::write_atomic;
 use forge_kernels::lut::LutMatrix;
@@ -615,6 +615,69 @@ fn put_linear(model: &mut Model, l: Option<usize>, i: usize, lin: Linear) {
     }
 }
 
+/// The options as an export records them (`forge.json` → `options`) and as a resumed run must
+/// find them.
+pub fn options_json(o: &Options) -> Value {
+    json!({
+        "source": o.source_arg, "plan": o.plan.to_json(), "method": o.method.name(), "seed": o.seed,
+        "calibration": o.calib.as_ref().map(|c| json!({"spec": c.spec, "seq": c.seq, "holdout": c.holdout})),
+        "aw": o.aw,
+        "lowrank": o.lowrank.as_ref().map(|c| json!({
+            "rank": c.rank, "parts": c.parts.iter().map(|p| p.name()).collect::<Vec<_>>(), "inside_gptq": c.inside,
+        })),
+        "check_tokens": o.check_tokens,
+        "reconstruct": o.reconstruct,
+    })
+}
+
+/// [`options_json`] read back: the recipe of an existing export, to quantize `source` into
+/// `output` the same way.
+pub fn options_from_json(v: &Value, source: PathBuf, output: PathBuf) -> Result<Options> {
+    let field = |k: &str| v.get(k).ok_or_else(|| anyhow!("options: no '{k}'"));
+    let num = |x: &Value, k: &str| {
+        x.get(k).and_then(Value::as_u64).map(|n| n as usize).ok_or_else(|| anyhow!("options: '{k}' must be a number"))
+    };
+    let plan =
+        Plan::from_json(field("plan")?, Plan::uniform(forge_kernels::lut::Format::Lut4)).context("options: plan")?;
+    let calib = match field("calibration")? {
+        Value::Null => None,
+        c => Some(CalibConfig {
+            spec: c.get("spec").and_then(Value::as_str).ok_or_else(|| anyhow!("options: calibration 'spec'"))?.into(),
+            seq: num(c, "seq")?,
+            holdout: num(c, "holdout")?,
+        }),
+    };
+    let lowrank = match field("lowrank")? {
+        Value::Null => None,
+        l => Some(LowRankConfig {
+            rank: num(l, "rank")?,
+            parts: l
+                .get("parts")
+                .and_then(Value::as_array)
+                .ok_or_else(|| anyhow!("options: lowrank 'parts'"))?
+                .iter()
+                .map(|p| Part::parse(p.as_str().unwrap_or("")))
+                .collect::<Result<_>>()?,
+            inside: l.get("inside_gptq").and_then(Value::as_bool).unwrap_or(false),
+        }),
+    };
+    Ok(Options {
+        source_arg: field("source")?.as_str().unwrap_or_default().into(),
+        source,
+        plan,
+        method: Method::parse(field("method")?.as_str().unwrap_or_default())?,
+        seed: field("seed")?.as_u64().ok_or_else(|| anyhow!("options: 'seed' must be a number"))?,
+        output,
+        resume: false,
+        stop_before_layer: None,
+        calib,
+        aw: field("aw")?.as_bool().unwrap_or(false),
+        lowrank,
+        check_tokens: num(v, "check_tokens")?,
+        reconstruct: num(v, "reconstruct")?,
+    })
+}
+
 /// Run the quantization; returns the export's manifest.
 pub fn quantize(o: &Options) -> Result<Outcome> {
     let t_start = Instant::now();
@@ -624,16 +687,7 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         bail!("{}: already a complete export (remove it to quantize again)", out.display());
     }
     let partial = out.join(".forge-partial.json");
-    let opts_json = json!({
-        "source": o.source_arg, "plan": o.plan.to_json(), "method": o.method.name(), "seed": o.seed,
-        "calibration": o.calib.as_ref().map(|c| json!({"spec": c.spec, "seq": c.seq, "holdout": c.holdout})),
-        "aw": o.aw,
-        "lowrank": o.lowrank.as_ref().map(|c| json!({
-            "rank": c.rank, "parts": c.parts.iter().map(|p| p.name()).collect::<Vec<_>>(), "inside_gptq": c.inside,
-        })),
-        "check_tokens": o.check_tokens,
-        "reconstruct": o.reconstruct,
-    });
+    let opts_json = options_json(o);
     if o.aw && o.calib.is_none() {
         bail!("activation-weighted fits need calibration data");
     }
@@ -656,7 +710,9 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
     let (ck, cfg) = Checkpoint::open(&o.source)?;
     o.plan.check_layers(cfg.num_layers)?;
     let tied = cfg.tie_embeddings;
-    let mut model = Model::load(&ck, cfg)?;
+    // A GGUF source keeps its block-quantized matrices in the file's mapping; each is decoded
+    // to f32 only when its turn comes (`Linear::effective_weight`).
+    let mut model = forge_model::load::model_with_options(&ck, cfg, &|_, _, _| Ok(None), Default::default())?;
     let n_layers = model.layers.len();
     let tok = forge_model::load::load_tokenizer(&ck).ok();
     tm.add(Stage::Load, t_load.elapsed().as_secs_f64());
@@ -854,7 +910,8 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         };
         quantize_head(&mut model, stats.as_ref())?;
         tm.time(Stage::Write, || -> Result<()> {
-            let source = Model::load(&ck, model.cfg.clone())?;
+            let source =
+                forge_model::load::model_with_options(&ck, model.cfg.clone(), &|_, _, _| Ok(None), Default::default())?;
             if let Embedding::Table(t) = &source.embed {
                 let (v, h) = (model.cfg.vocab_size, model.cfg.hidden_size);
                 let mut table = vec![0f32; v * h];

@@ -8,7 +8,7 @@ use crate::calib::CalibConfig;
 use crate::plan::{Basis, Part, Plan};
 use crate::preset::Preset;
 use crate::quantize::{LowRankConfig, Method, Options};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use forge_kernels::lut::Format;
 use std::path::PathBuf;
 
@@ -153,13 +153,7 @@ pub fn resolve(c: &Choices) -> Result<Recipe> {
             let parts = parts
                 .split(',')
                 .filter(|s| !s.is_empty())
-                .map(|p| match p {
-                    "mlp" => Ok(Part::Mlp),
-                    "gdn" => Ok(Part::Gdn),
-                    "attn" => Ok(Part::Attn),
-                    "head" => Ok(Part::Head),
-                    _ => bail!("--lowrank-parts: unknown part '{p}' (gdn, attn, mlp, head)"),
-                })
+                .map(|p| Part::parse(p).context("--lowrank-parts"))
                 .collect::<Result<Vec<_>>>()?;
             Ok(LowRankConfig { rank, parts, inside: c.lowrank_inside })
         })

@@ -30,7 +30,7 @@ fn logits(dir: &Path, toks: &[u32]) -> (Vec<f32>, usize, usize) {
         match l.weight {
             Weight::Packed(_) => packed += 1,
             Weight::Lut(_) | Weight::Int8(_) => plain += 1,
-            Weight::Dense(_) => {}
+            Weight::Dense(_) | Weight::Gguf(_) => {}
         }
     }
     let mut s = q.model.new_session();

@@ -207,8 +207,9 @@ fn model_against_itself_is_exactly_zero() {
 }
 
 fn perturb(l: &mut Linear, f: impl Fn(usize, &mut f32)) {
-    let Weight::Dense(t) = &l.weight else { panic!("{} is not dense", l.name) };
-    let mut w = t.to_f32_vec().unwrap();
+    // The teacher's weights (dense, or GGUF blocks decoded).
+    assert!(matches!(l.weight, Weight::Dense(_) | Weight::Gguf(_)), "{} is not the teacher's", l.name);
+    let mut w = l.effective_weight().unwrap();
     w.iter_mut().enumerate().for_each(|(i, x)| f(i, x));
     *l = Linear::dense(l.name.clone(), HostTensor::from_f32(vec![l.out_f, l.in_f], w), l.bias.clone());
 }
