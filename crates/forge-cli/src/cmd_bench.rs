@@ -464,6 +464,8 @@ fn memory(model: &Model, sess: &Session) -> Memory {
         Embedding::Table(t) if !(model.cfg.tie_embeddings && matches!(model.head.weight, Weight::Dense(_))) => {
             t.numel() * t.dtype().size()
         }
+        // A tied table is the head's matrix, counted with it.
+        Embedding::Blocks(m) if !model.cfg.tie_embeddings => m.stored_bytes(),
         _ => 0,
     };
     let weights = lin.iter().map(|l| stored_bytes(l)).sum::<usize>() + embed;

@@ -138,10 +138,32 @@ pub fn model_with_options(
         return Model::load_with(ck, cfg, provider);
     }
     let c = cfg.clone();
-    Model::load_with(ck, cfg, &|name, o, i| match provider(name, o, i)? {
-        Some(l) => Ok(Some(l)),
-        None => gguf_linear(ck, &c, name, o, i),
-    })
+    // An untied block-quantized table stays in its blocks too (a tied one is the head's).
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let embedding = match ck.gguf_block_matrix("embed_tokens.weight")? {
+        Some(m) if !cfg.tie_embeddings => {
+            if (m.rows, m.cols) != (v, h) {
+                anyhow::bail!(
+                    "{}: tensor '{}' has shape [{}, {}], the config implies [{v}, {h}]",
+                    ck.path().display(),
+                    m.name,
+                    m.rows,
+                    m.cols
+                );
+            }
+            Some(crate::model::Embedding::Blocks(std::sync::Arc::new(m)))
+        }
+        _ => None,
+    };
+    Model::load_with_embedding(
+        ck,
+        cfg,
+        &|name, o, i| match provider(name, o, i)? {
+            Some(l) => Ok(Some(l)),
+            None => gguf_linear(ck, &c, name, o, i),
+        },
+        embedding,
+    )
 }
 
 /// [`load_with`] with `opts`.

@@ -108,6 +108,8 @@ pub enum Embedding {
     Table(HostTensor),
     /// Tied to the head, which is quantized: rows decoded from the head (the matrix is stored once).
     TiedHead,
+    /// A GGUF file's block-quantized table in the file's mapping, one row decoded per token.
+    Blocks(std::sync::Arc<forge_core::gguf::BlockMatrix>),
 }
 
 /// Supplies a replacement (e.g. quantized) linear layer by canonical name, `None` to read the
@@ -191,10 +193,23 @@ impl Model {
 
     /// Like `load`, with linear layers supplied by `provider` where it has them.
     pub fn load_with(ck: &Checkpoint, cfg: ModelConfig, provider: &LinearProvider) -> Result<Model> {
+        Self::load_with_embedding(ck, cfg, provider, None)
+    }
+
+    /// Like `load_with`, with the embedding given (`None`: read from the checkpoint). A tied
+    /// embedding whose head `provider` supplies is read through the head either way.
+    pub fn load_with_embedding(
+        ck: &Checkpoint,
+        cfg: ModelConfig,
+        provider: &LinearProvider,
+        embedding: Option<Embedding>,
+    ) -> Result<Model> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let head_override = provider("lm_head", v, h)?;
         let embed = if cfg.tie_embeddings && head_override.is_some() {
             Embedding::TiedHead
+        } else if let Some(e) = embedding {
+            e
         } else {
             let e = ck.require("embed_tokens.weight", &[v, h])?;
             e.floats().with_context(|| format!("{}: embed_tokens.weight", ck.path().display()))?;
@@ -251,6 +266,9 @@ impl Model {
         let head = match (head_override, &embed) {
             (Some(l), _) => l,
             (None, Embedding::Table(e)) if cfg.tie_embeddings => Linear::dense("lm_head", e.clone(), None),
+            (None, Embedding::Blocks(m)) if cfg.tie_embeddings => {
+                Linear::with_weight("lm_head", v, h, crate::linear::Weight::Gguf(m.clone()))
+            }
             (None, _) => linear(ck, provider, "lm_head", v, h, false)?,
         };
         let rope = Rope::new(cfg.rope_theta, cfg.rotary_dim, cfg.rope_scaling.as_ref());
@@ -533,6 +551,7 @@ impl Model {
     pub fn embed_row(&self, tok: u32, out: &mut [f32]) -> Result<()> {
         match &self.embed {
             Embedding::Table(e) => e.floats()?.read_into(tok as usize * self.cfg.hidden_size, out),
+            Embedding::Blocks(m) => m.decode_rows(tok as usize, 1, out)?,
             Embedding::TiedHead => {
                 self.head.decode_rows(tok as usize, 1, out)?;
                 if let Some(r) = &self.head.rotation {

@@ -105,9 +105,16 @@ pub fn fixed(model: &Model, parts: &[Part]) -> (u64, f64) {
             bits += l.weight_bytes() as f64 * 8.0;
         }
     }
-    if let Embedding::Table(t) = &model.embed {
-        w += t.numel() as u64;
-        bits += (t.numel() * t.dtype().size() * 8) as f64;
+    match &model.embed {
+        Embedding::Table(t) => {
+            w += t.numel() as u64;
+            bits += (t.numel() * t.dtype().size() * 8) as f64;
+        }
+        Embedding::Blocks(m) => {
+            w += (m.rows * m.cols) as u64;
+            bits += m.stored_bytes() as f64 * 8.0;
+        }
+        Embedding::TiedHead => {}
     }
     (w, bits)
 }
