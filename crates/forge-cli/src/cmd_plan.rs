@@ -52,12 +52,6 @@ pub struct PlanArgs {
     out: PathBuf,
 }
 
-fn manifest(dir: &Path) -> Result<Value> {
-    let p = dir.join(forge_model::export::MANIFEST);
-    let text = std::fs::read_to_string(&p).with_context(|| format!("{}: not a Forge export", dir.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: malformed JSON", p.display()))
-}
-
 /// The export of `format` made with the base's recipe, quantized now unless already there.
 fn candidate(base_options: &Value, source: &Path, format: Format, dir: &Path) -> Result<forge_model::Model> {
     if !dir.join(forge_model::export::MANIFEST).exists() {
@@ -74,7 +68,7 @@ fn candidate(base_options: &Value, source: &Path, format: Format, dir: &Path) ->
 }
 
 pub fn run_sensitivity(a: SensitivityArgs) -> Result<()> {
-    let base_manifest = manifest(&a.base)?;
+    let base_manifest = forge_model::export::Export::open(&a.base)?.manifest;
     let options = base_manifest.get("options").context("the base export records no options")?;
     let source_arg = match &a.model {
         Some(m) => m.clone(),

@@ -113,17 +113,24 @@ pub fn gguf_linear(
     in_f: usize,
 ) -> Result<Option<crate::linear::Linear>> {
     let stored = if name == "lm_head" && cfg.tie_embeddings { "embed_tokens" } else { name };
-    let Some(m) = ck.gguf_block_matrix(&format!("{stored}.weight"))? else { return Ok(None) };
-    if (m.rows, m.cols) != (out_f, in_f) {
+    let Some(m) = gguf_blocks(ck, &format!("{stored}.weight"), out_f, in_f)? else { return Ok(None) };
+    Ok(Some(crate::linear::Linear::with_weight(name, out_f, in_f, crate::linear::Weight::Gguf(std::sync::Arc::new(m)))))
+}
+
+/// The block-quantized GGUF tensor `name` (canonical), checked to be `rows × cols`; None where
+/// the checkpoint is not GGUF or the tensor is not block-quantized.
+fn gguf_blocks(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Option<forge_core::gguf::BlockMatrix>> {
+    let Some(m) = ck.gguf_block_matrix(name)? else { return Ok(None) };
+    if (m.rows, m.cols) != (rows, cols) {
         anyhow::bail!(
-            "{}: tensor '{}' has shape [{}, {}], the config implies [{out_f}, {in_f}]",
+            "{}: tensor '{}' has shape [{}, {}], the config implies [{rows}, {cols}]",
             ck.path().display(),
             m.name,
             m.rows,
             m.cols
         );
     }
-    Ok(Some(crate::linear::Linear::with_weight(name, out_f, in_f, crate::linear::Weight::Gguf(std::sync::Arc::new(m)))))
+    Ok(Some(m))
 }
 
 /// [`Model::load_with`] where the layers `provider` does not supply come, for a GGUF file, from
@@ -139,21 +146,10 @@ pub fn model_with_options(
     }
     let c = cfg.clone();
     // An untied block-quantized table stays in its blocks too (a tied one is the head's).
-    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-    let embedding = match ck.gguf_block_matrix("embed_tokens.weight")? {
-        Some(m) if !cfg.tie_embeddings => {
-            if (m.rows, m.cols) != (v, h) {
-                anyhow::bail!(
-                    "{}: tensor '{}' has shape [{}, {}], the config implies [{v}, {h}]",
-                    ck.path().display(),
-                    m.name,
-                    m.rows,
-                    m.cols
-                );
-            }
-            Some(crate::model::Embedding::Blocks(std::sync::Arc::new(m)))
-        }
-        _ => None,
+    let embedding = match cfg.tie_embeddings {
+        true => None,
+        false => gguf_blocks(ck, "embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)?
+            .map(|m| crate::model::Embedding::Blocks(std::sync::Arc::new(m))),
     };
     Model::load_with_embedding(
         ck,

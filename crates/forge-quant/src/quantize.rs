@@ -912,21 +912,12 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         tm.time(Stage::Write, || -> Result<()> {
             let source =
                 forge_model::load::model_with_options(&ck, model.cfg.clone(), &|_, _, _| Ok(None), Default::default())?;
-            let (v, h) = (model.cfg.vocab_size, model.cfg.hidden_size);
-            let table = match &source.embed {
-                Embedding::Table(t) => {
-                    let mut table = vec![0f32; v * h];
-                    t.floats()?.read_into(0, &mut table);
-                    Some(table)
+            if !matches!(source.embed, Embedding::TiedHead) {
+                let (v, h) = (model.cfg.vocab_size, model.cfg.hidden_size);
+                let mut table = vec![0f32; v * h];
+                for (t, row) in table.chunks_mut(h).enumerate() {
+                    source.embed_row(t as u32, row)?;
                 }
-                Embedding::Blocks(m) => {
-                    let mut table = vec![0f32; v * h];
-                    m.decode_rows(0, v, &mut table)?;
-                    Some(table)
-                }
-                Embedding::TiedHead => None,
-            };
-            if let Some(table) = table {
                 write_embedding(&out.join("embed.safetensors"), &table, v, h)?;
             }
             Ok(())
