@@ -15,6 +15,14 @@ pub struct EngineArgs {
     /// Context length (prompt + completion) of one request.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    /// Requests served at once (continuous batching: their decode steps run together). Default:
+    /// 4, fewer where the memory their caches take at --ctx is not there.
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Prompts run in chunks of this many tokens; with several requests at once a new prompt
+    /// delays the others' next token by at most one chunk.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
     /// Prompt cache budget in MiB (model states kept for reuse by later requests).
     #[arg(long, default_value_t = 1024)]
     pub cache_mb: usize,
@@ -72,12 +80,22 @@ impl EngineArgs {
             Speculation::Off
         };
         let model_id = model_name.unwrap_or_else(|| reported_id(&self.model, &path));
+        let parallel = match self.parallel {
+            Some(0) => bail!("--parallel 0: at least one request must be served at once"),
+            Some(n) => n,
+            None => default_parallel(&loaded.model, self.ctx),
+        };
+        if self.prefill_chunk == 0 {
+            bail!("--prefill-chunk 0: a chunk needs at least one token");
+        }
         let cfg = ServerConfig {
             api_key,
             model_id,
             engine: EngineConfig {
                 ctx: self.ctx,
                 cache_bytes: self.cache_mb << 20,
+                prefill_chunk: self.prefill_chunk,
+                parallel,
                 speculation,
                 spec,
                 ..EngineConfig::default()
@@ -111,6 +129,14 @@ impl EngineArgs {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Four slots where the memory is there: their caches at `ctx` positions take at most half of
+/// the available memory.
+fn default_parallel(model: &forge_model::Model, ctx: usize) -> usize {
+    let per_slot = forge_model::Session::bytes_at(&model.cfg, model.kv_dtype(), ctx).max(1) as u64;
+    let fit = crate::cmd_doctor::available_memory().map_or(4, |m| m / 2 / per_slot) as usize;
+    fit.clamp(1, 4)
 }
 
 /// The id for a `--model` argument that resolved to `path`: a plain path by its file (or

@@ -496,6 +496,21 @@ impl Session {
         Session { pos: 0, layers, spec_start: None }
     }
 
+    /// Bytes a session of `cfg` with caches of `dtype` holds at `positions` positions (caches
+    /// and recurrent states; without a speculative pass's journal).
+    pub fn bytes_at(cfg: &ModelConfig, dtype: KvDtype, positions: usize) -> usize {
+        cfg.layer_kinds
+            .iter()
+            .map(|k| match k {
+                LayerKind::Attention => cfg.num_kv_heads * dtype.bytes_per_position(cfg.head_dim) * positions,
+                LayerKind::DeltaNet => {
+                    let d = cfg.deltanet.as_ref().expect("DeltaNet layer without deltanet config");
+                    ((d.conv_kernel - 1) * d.conv_dim() + d.num_v_heads * d.k_head_dim * d.v_head_dim) * 4
+                }
+            })
+            .sum()
+    }
+
     /// Set aside KV cache room for `more` positions past the current ones, so that decoding up
     /// to there never grows (reallocates) a cache.
     pub fn reserve(&mut self, more: usize) {

@@ -17,6 +17,7 @@
 //! the caller took (a caller that stops at a stop token, or forces a token, keeps fewer).
 
 use crate::model::{Logits, Model, VERIFY_MAX_ROWS};
+use crate::runner::Runner;
 use crate::sampling::{argmax, Dist, Sampler};
 use crate::session::{KvDtype, Session};
 use anyhow::{bail, Result};
@@ -99,6 +100,7 @@ enum Cur {
 /// The decode loop over one session. The session has been fed `context` (the prompt) and
 /// `logits` are its output after it; [`Decoder::next_token`] hands out one token at a time.
 pub struct Decoder<'a> {
+    run: &'a dyn Runner,
     model: &'a Model,
     session: &'a mut Session,
     drafter: Option<Box<dyn Drafter + 'a>>,
@@ -177,15 +179,18 @@ impl Costs {
 }
 
 impl<'a> Decoder<'a> {
+    /// `run` is where the forwards go: the model itself (`&model`), or a batching scheduler.
     pub fn new(
-        model: &'a Model,
+        run: &'a dyn Runner,
         session: &'a mut Session,
         context: Vec<u32>,
         logits: Vec<f32>,
         sampler: Sampler,
     ) -> Self {
         let cfg = SpecConfig::default();
+        let model = run.model();
         Decoder {
+            run,
             model,
             session,
             drafter: None,
@@ -305,7 +310,7 @@ impl<'a> Decoder<'a> {
             }
             let t0 = Instant::now();
             let fed = self.session.pos;
-            self.model.forward_into(self.session, &self.context[fed..], Logits::Last, &mut self.last)?;
+            self.run.forward_into(self.session, &self.context[fed..], Logits::Last, &mut self.last)?;
             self.stats.plain_steps += 1;
             let dt = t0.elapsed().as_secs_f64();
             self.stats.plain_s += dt;
@@ -355,7 +360,7 @@ impl<'a> Decoder<'a> {
         self.pass_fed.extend_from_slice(&self.context[start..]);
         self.pass_fed.extend_from_slice(&self.draft.tokens);
         self.session.begin_speculation();
-        self.model.forward_into(self.session, &self.pass_fed, Logits::All, &mut self.rows)?;
+        self.run.forward_into(self.session, &self.pass_fed, Logits::All, &mut self.rows)?;
         let dt = t0.elapsed().as_secs_f64();
         self.stats.verify_s += dt;
         Costs::observe(&mut self.cost.rows[self.pass_fed.len()], dt);
@@ -459,7 +464,7 @@ impl<'a> Decoder<'a> {
         self.ready.clear();
         let have = &self.context[start.min(self.context.len())..];
         let keep = have.iter().zip(&self.pass_fed).take_while(|(a, b)| a == b).count();
-        self.model.commit(self.session, keep)?;
+        self.run.commit(self.session, keep)?;
         if keep > 0 {
             let v = self.model.cfg.vocab_size;
             self.last.clear();
@@ -514,7 +519,7 @@ impl Drafter for LookupDrafter {
 /// back too). Greedy when the target is; otherwise it samples with the target's settings and
 /// reports its distributions.
 pub struct ModelDrafter<'a> {
-    model: &'a Model,
+    run: &'a dyn Runner,
     session: Session,
     kv: KvDtype,
     /// The tokens its session holds.
@@ -527,9 +532,10 @@ pub struct ModelDrafter<'a> {
 impl<'a> ModelDrafter<'a> {
     /// `sampler` is the drafter's own (its seed apart from the target's); ids at or past
     /// `vocab` (the target's) are never proposed.
-    pub fn new(model: &'a Model, kv: KvDtype, sampler: Sampler, vocab: usize) -> Self {
+    pub fn new(run: &'a dyn Runner, kv: KvDtype, sampler: Sampler, vocab: usize) -> Self {
+        let model = run.model();
         ModelDrafter {
-            model,
+            run,
             session: model.new_session_with_kv(kv),
             kv,
             fed: Vec::new(),
@@ -546,12 +552,12 @@ impl<'a> ModelDrafter<'a> {
         let target = common.min(context.len().saturating_sub(1));
         match self.session.spec_start {
             Some(start) if target >= start => {
-                self.model.commit(&mut self.session, target - start)?;
+                self.run.commit(&mut self.session, target - start)?;
                 self.fed.truncate(target);
             }
             _ if self.session.spec_start.is_none() && target == self.fed.len() => {}
             _ => {
-                self.session = self.model.new_session_with_kv(self.kv);
+                self.session = self.run.model().new_session_with_kv(self.kv);
                 self.fed.clear();
             }
         }
@@ -568,7 +574,7 @@ impl Drafter for ModelDrafter<'_> {
         }
         self.sync(context)?;
         let from = self.fed.len();
-        self.model.forward_into(&mut self.session, &context[from..], Logits::Last, &mut self.logits)?;
+        self.run.forward_into(&mut self.session, &context[from..], Logits::Last, &mut self.logits)?;
         self.fed.extend_from_slice(&context[from..]);
         self.session.begin_speculation();
         let greedy = self.sampler.is_greedy();
@@ -585,7 +591,7 @@ impl Drafter for ModelDrafter<'_> {
             };
             draft.tokens.push(tok);
             if i + 1 < k {
-                self.model.forward_into(&mut self.session, &[tok], Logits::Last, &mut self.logits)?;
+                self.run.forward_into(&mut self.session, &[tok], Logits::Last, &mut self.logits)?;
                 self.fed.push(tok);
             }
         }

@@ -2,43 +2,19 @@
 //! every projection on the INT8 integer-dot kernels: sequences that join (prefill inside the
 //! batch) and leave at seeded random steps get, at every step, the logits they get alone.
 
-use forge_kernels::lut::Int8Matrix;
-use forge_model::linear::Weight;
 use forge_model::load::load;
 use forge_model::sampling::Rng;
 use forge_model::session::KvDtype;
 use forge_model::{Logits, Model, Session, Step};
 use std::path::PathBuf;
-use std::sync::Arc;
+
+#[path = "support/int8.rs"]
+mod support;
+use support::int8;
 
 fn fixture(name: &str) -> Model {
     let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name);
     load(&dir).unwrap_or_else(|e| panic!("{name}: {e:#}")).model
-}
-
-/// Every layer's projections as per-row absmax INT8 (the packed integer-dot path).
-fn int8(mut m: Model) -> Model {
-    for l in 0..m.cfg.num_layers {
-        for lin in m.layer_linears_mut(l) {
-            let w = match &lin.weight {
-                Weight::Dense(w) => w.to_f32_vec().unwrap(),
-                _ => continue,
-            };
-            let (cout, cin) = (lin.out_f, lin.in_f);
-            let mut q = vec![0i8; cout * cin];
-            let mut scale = vec![0f32; cout];
-            for r in 0..cout {
-                let row = &w[r * cin..(r + 1) * cin];
-                let s = row.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
-                scale[r] = if s > 0.0 { s } else { 1.0 };
-                for (qi, v) in q[r * cin..].iter_mut().zip(row) {
-                    *qi = (v / scale[r]).round().clamp(-127.0, 127.0) as i8;
-                }
-            }
-            lin.weight = Weight::Int8(Arc::new(Int8Matrix { cout, cin, q, scale }));
-        }
-    }
-    m
 }
 
 fn argmax(l: &[f32]) -> u32 {

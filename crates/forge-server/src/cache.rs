@@ -15,8 +15,9 @@
 
 use anyhow::{bail, Result};
 use forge_model::session::{LayerState, Session};
-use forge_model::{Logits, Model};
+use forge_model::{Logits, Model, Runner};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 struct Entry {
     tokens: Vec<u32>,
@@ -110,27 +111,17 @@ impl PromptCache {
         }
     }
 
-    /// Runs `prompt` from the best cache entry, in chunks of at most `chunk` tokens, storing
-    /// snapshots at the positions in `snapshots` (hybrid models only; attention-only models can
-    /// reach any prefix by truncation). Checks `cancel` between chunks.
-    pub fn prefill(
-        &mut self,
-        model: &Model,
-        prompt: &[u32],
-        snapshots: &[usize],
-        chunk: usize,
-        cancel: &AtomicBool,
-    ) -> Result<PrefillResult> {
-        if prompt.is_empty() {
-            bail!("empty prompt");
-        }
+    /// The state `prompt` starts from: the best entry's session (moved, or cloned from a
+    /// snapshot, cut back where needed), its logits when it covers a whole prefix, and how many
+    /// prompt tokens it holds; or a new session.
+    fn start(&mut self, model: &Model, prompt: &[u32]) -> Result<(Session, Vec<f32>, usize)> {
         self.clock += 1;
         let best = (0..self.entries.len())
             .map(|i| (self.usable(&self.entries[i], prompt), i))
             .filter(|&(u, _)| u > 0)
             // Longest reuse; among equals prefer moving an entry over cloning a snapshot.
             .max_by_key(|&(u, i)| (u, !self.entries[i].snapshot, self.entries[i].last_used));
-        let (mut session, mut logits, cached) = match best {
+        Ok(match best {
             None => (model.new_session(), Vec::new(), 0),
             Some((u, i)) => {
                 let exact_prefix = u == self.entries[i].tokens.len();
@@ -147,9 +138,33 @@ impl PromptCache {
                 }
                 (s, l, u)
             }
+        })
+    }
+
+    /// Runs `prompt` from the best entry of `cache` through `run`, in chunks of at most `chunk`
+    /// tokens, storing snapshots at the positions in `snapshots` (hybrid models only;
+    /// attention-only models can reach any prefix by truncation). Checks `cancel` between
+    /// chunks. The cache is locked only to look up and to store, never while a chunk runs, so
+    /// the slots of a batching server share it.
+    pub fn prefill(
+        cache: &Mutex<PromptCache>,
+        run: &dyn Runner,
+        prompt: &[u32],
+        snapshots: &[usize],
+        chunk: usize,
+        cancel: &AtomicBool,
+    ) -> Result<PrefillResult> {
+        if prompt.is_empty() {
+            bail!("empty prompt");
+        }
+        let lock = || cache.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut session, mut logits, cached, truncatable) = {
+            let mut c = lock();
+            let (s, l, u) = c.start(run.model(), prompt)?;
+            (s, l, u, c.truncatable)
         };
         let mut done = cached;
-        let mut stops: Vec<usize> = if self.truncatable {
+        let mut stops: Vec<usize> = if truncatable {
             Vec::new()
         } else {
             snapshots.iter().copied().filter(|&b| b > done && b <= prompt.len()).collect()
@@ -161,18 +176,18 @@ impl PromptCache {
             while done < stop {
                 if cancel.load(Ordering::Relaxed) {
                     if done > 0 {
-                        self.insert(prompt[..done].to_vec(), session, logits, false);
+                        lock().insert(prompt[..done].to_vec(), session, logits, false);
                     }
                     return Ok(PrefillResult::Cancelled);
                 }
                 let end = (done + chunk.max(1)).min(stop);
                 // Logits for every chunk (one head row, cheap next to the chunk) keep the state
                 // and its logits in step, so a cancelled prefill still leaves a usable entry.
-                logits = model.forward(&mut session, &prompt[done..end], Logits::Last)?;
+                run.forward_into(&mut session, &prompt[done..end], Logits::Last, &mut logits)?;
                 done = end;
             }
-            if !self.truncatable && snapshots.contains(&stop) {
-                self.insert(prompt[..stop].to_vec(), session.clone(), logits.clone(), true);
+            if !truncatable && snapshots.contains(&stop) {
+                lock().insert(prompt[..stop].to_vec(), session.clone(), logits.clone(), true);
             }
         }
         Ok(PrefillResult::Done(Prefilled { session, logits, cached }))

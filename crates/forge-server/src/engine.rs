@@ -1,13 +1,14 @@
-//! The engine: one worker thread that owns the model and the prompt cache and runs generation
-//! jobs one at a time, in the order they were submitted (FIFO).
+//! The engine: `parallel` slots that take generation jobs from one queue in the order they were
+//! submitted (FIFO), each serving one job at a time on its own thread, and one scheduler that
+//! runs every slot's forward passes, batched ([`crate::batch`]). The slots share the prompt
+//! cache.
 //!
-//! The model is synchronous CPU code (rayon inside), so it lives on a dedicated thread; callers
-//! talk to it through channels: a [`Job`] goes in, [`Event`]s come back on the job's own channel.
-//! A job stops at the next token when its `cancel` flag is set or its event receiver is dropped
-//! (client gone), and its state up to that point stays in the cache, consistent with the tokens it
-//! consumed. The job queue is the place to add batching of several sequences later: the worker
-//! would take several queued jobs per step instead of one.
+//! Callers talk to the engine through channels: a [`Job`] goes in, [`Event`]s come back on the
+//! job's own channel. A job stops at the next token when its `cancel` flag is set or its event
+//! receiver is dropped (client gone), and its state up to that point stays in the cache,
+//! consistent with the tokens it consumed.
 
+use crate::batch::{Scheduler, SlotRunner};
 use crate::cache::{PrefillResult, PromptCache};
 use crate::penalties::{log_softmax, loop_detected, top_n, Penalties};
 use anyhow::{Context, Result};
@@ -36,6 +37,8 @@ pub struct EngineConfig {
     /// How requests decode speculatively (a request may opt out).
     pub speculation: Speculation,
     pub spec: SpecConfig,
+    /// Requests served at once, their forward passes batched.
+    pub parallel: usize,
 }
 
 /// The server's drafter.
@@ -59,6 +62,7 @@ impl Default for EngineConfig {
             max_queue: 256,
             speculation: Speculation::Off,
             spec: SpecConfig::default(),
+            parallel: 1,
         }
     }
 }
@@ -83,6 +87,8 @@ pub struct GenParams {
     pub forced_output: Option<Vec<u32>>,
     /// Decode speculatively when the server has a drafter.
     pub speculative: bool,
+    /// End-of-turn tokens do not stop generation (benchmarks).
+    pub ignore_eos: bool,
 }
 
 impl Default for GenParams {
@@ -98,6 +104,7 @@ impl Default for GenParams {
             loop_guard: 0,
             forced_output: None,
             speculative: true,
+            ignore_eos: false,
         }
     }
 }
@@ -202,7 +209,8 @@ pub enum Event {
 #[derive(Default)]
 pub struct EngineStatus {
     pub queued: AtomicUsize,
-    pub busy: AtomicBool,
+    /// Slots serving a request now.
+    pub active: AtomicUsize,
     pub served: AtomicU64,
     pub cache_entries: AtomicUsize,
     pub cache_bytes: AtomicUsize,
@@ -218,10 +226,11 @@ pub struct Engine {
     tx: mpsc::Sender<Job>,
     pub status: Arc<EngineStatus>,
     pub config: EngineConfig,
+    pub scheduler: Arc<Scheduler>,
 }
 
 impl Engine {
-    /// Starts the worker thread, which owns `model` from now on.
+    /// Starts the scheduler and the slots, which own `model` from now on.
     pub fn start(model: Model, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
         Self::start_with_draft(model, None, tokenizer, config)
     }
@@ -236,25 +245,33 @@ impl Engine {
         if matches!(config.speculation, Speculation::Draft(_)) && draft.is_none() {
             anyhow::bail!("speculative decoding with a draft model, but no draft model was given");
         }
+        anyhow::ensure!(config.parallel >= 1, "the engine needs at least one slot (parallel = 0)");
         let (tx, rx) = mpsc::channel::<Job>();
         let status = Arc::new(EngineStatus::default());
-        let cache = PromptCache::new(&model, config.cache_bytes, config.cache_entries);
+        let cache = Arc::new(Mutex::new(PromptCache::new(&model, config.cache_bytes, config.cache_entries)));
         let close_think = tokenizer.encode("\n</think>\n\n", false).context("tokenizing the thinking close")?;
-        let mut worker = Worker {
-            model,
-            draft,
-            tok: tokenizer,
-            cache,
-            cfg: config.clone(),
-            status: status.clone(),
-            close_think,
-            breakers: HashMap::new(),
-        };
-        std::thread::Builder::new()
-            .name("forge-engine".into())
-            .spawn(move || worker.run(rx))
-            .context("cannot start the engine thread")?;
-        Ok(Engine { tx, status, config })
+        let has_draft = draft.is_some();
+        let scheduler = Scheduler::start(std::iter::once(model).chain(draft).map(Arc::new).collect())?;
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..config.parallel {
+            let mut slot = Slot {
+                target: scheduler.runner(0),
+                draft: has_draft.then(|| scheduler.runner(1)),
+                tok: tokenizer.clone(),
+                cache: cache.clone(),
+                cfg: config.clone(),
+                status: status.clone(),
+                scheduler: scheduler.clone(),
+                close_think: close_think.clone(),
+                breakers: HashMap::new(),
+            };
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("forge-slot-{i}"))
+                .spawn(move || slot.run(&rx))
+                .context("cannot start a slot thread")?;
+        }
+        Ok(Engine { tx, status, config, scheduler })
     }
 
     /// Queues a job (FIFO).
@@ -272,34 +289,47 @@ impl Engine {
     }
 }
 
-struct Worker {
-    model: Model,
-    draft: Option<Model>,
+/// One request at a time, its forward passes through the scheduler.
+struct Slot {
+    target: SlotRunner,
+    draft: Option<SlotRunner>,
     tok: Arc<Tokenizer>,
-    cache: PromptCache,
+    cache: Arc<Mutex<PromptCache>>,
     cfg: EngineConfig,
     status: Arc<EngineStatus>,
+    scheduler: Arc<Scheduler>,
     close_think: Vec<u32>,
     /// DRY breaker masks over the vocabulary, per breaker set.
     breakers: HashMap<Vec<String>, Arc<Vec<bool>>>,
 }
 
-impl Worker {
-    fn run(&mut self, rx: mpsc::Receiver<Job>) {
-        for job in rx {
+impl Slot {
+    fn cache(&self) -> std::sync::MutexGuard<'_, PromptCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run(&mut self, rx: &Mutex<mpsc::Receiver<Job>>) {
+        loop {
+            // Idle slots wait on the lock, the one holding it on the queue.
+            let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            };
             self.status.queued.fetch_sub(1, Ordering::SeqCst);
             // A client that left while queued costs nothing.
             if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
                 continue;
             }
-            self.status.busy.store(true, Ordering::SeqCst);
+            self.status.active.fetch_add(1, Ordering::SeqCst);
+            self.scheduler.active.fetch_add(1, Ordering::SeqCst);
             // A bug in the model code must not take the server down with it; the cache may be
             // half-updated after a panic, so it is dropped.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(&job)));
+            self.scheduler.active.fetch_sub(1, Ordering::SeqCst);
             let r = match r {
                 Ok(r) => r,
                 Err(p) => {
-                    self.cache.clear();
+                    self.cache().clear();
                     let msg = p
                         .downcast_ref::<&str>()
                         .map(|s| s.to_string())
@@ -319,9 +349,13 @@ impl Worker {
                 }
             }
             self.status.served.fetch_add(1, Ordering::SeqCst);
-            self.status.cache_entries.store(self.cache.len(), Ordering::SeqCst);
-            self.status.cache_bytes.store(self.cache.bytes(), Ordering::SeqCst);
-            self.status.busy.store(false, Ordering::SeqCst);
+            let (n, bytes) = {
+                let c = self.cache();
+                (c.len(), c.bytes())
+            };
+            self.status.cache_entries.store(n, Ordering::SeqCst);
+            self.status.cache_bytes.store(bytes, Ordering::SeqCst);
+            self.status.active.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -362,7 +396,14 @@ impl Worker {
             accepted_prediction_tokens: 0,
             rejected_prediction_tokens: 0,
         };
-        let pre = self.cache.prefill(&self.model, prompt, &job.snapshots, self.cfg.prefill_chunk, &job.cancel)?;
+        let pre = PromptCache::prefill(
+            &self.cache,
+            &self.target,
+            prompt,
+            &job.snapshots,
+            self.cfg.prefill_chunk,
+            &job.cancel,
+        )?;
         let PrefillResult::Done(pre) = pre else {
             return Ok(stats);
         };
@@ -391,7 +432,7 @@ impl Worker {
         };
         let max_new = p.max_tokens.min(self.cfg.ctx.saturating_sub(prompt.len()));
         let mut dec =
-            Decoder::new(&self.model, &mut session, prompt.clone(), pre.logits, Sampler::new(p.sampling.clone()))
+            Decoder::new(&self.target, &mut session, prompt.clone(), pre.logits, Sampler::new(p.sampling.clone()))
                 .with_drafter(drafter, self.cfg.spec.clone())
                 .with_hook(hook)
                 .with_sample_vocab(n_vocab)
@@ -428,7 +469,7 @@ impl Worker {
                     top: top_n(&lp, n).into_iter().map(|(t, l)| (token_text(t), l)).collect(),
                 }
             });
-            if !was_forced && tok.stop_ids().contains(&id) {
+            if !was_forced && !p.ignore_eos && tok.stop_ids().contains(&id) {
                 dec.unread();
                 finish = Finish::Stop;
                 break;
@@ -488,7 +529,7 @@ impl Worker {
                 let _ = job.events.send(Event::Text(text));
             }
         }
-        self.cache.insert(fed, session, logits, false);
+        self.cache().insert(fed, session, logits, false);
         Ok(stats)
     }
 }

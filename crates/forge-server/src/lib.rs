@@ -1,10 +1,13 @@
-//! Forge's OpenAI-compatible server and terminal chat, both over one [`engine::Engine`]: a worker
-//! thread that owns the model and the prompt cache and runs requests in arrival order.
+//! Forge's OpenAI-compatible server and terminal chat, both over one [`engine::Engine`]: slots
+//! that serve requests side by side in arrival order, their forward passes batched by one
+//! scheduler ([`batch`]), sharing one prompt cache.
 //!
 //! Flow of a request: `server` (HTTP, auth, errors) → `request` (field checks) → `prompt`
-//! (template, tokens, defaults) → `engine` (queue, prefill from `cache`, sampling with
-//! `penalties`, stop strings) → events → `parser` (reasoning, tool calls) → JSON or SSE.
+//! (template, tokens, defaults) → `engine` (queue, a slot: prefill from `cache`, sampling with
+//! `penalties`, stop strings; passes through `batch`) → events → `parser` (reasoning, tool
+//! calls) → JSON or SSE.
 
+pub mod batch;
 pub mod cache;
 pub mod chat;
 pub mod engine;

@@ -189,6 +189,7 @@ impl Frontend {
             loop_guard: c.loop_guard.unwrap_or(d.loop_guard),
             forced_output,
             speculative: c.speculative.unwrap_or(true),
+            ignore_eos: c.ignore_eos,
         })
     }
 }

@@ -123,6 +123,9 @@ pub struct Common {
     pub forced_output: Option<String>,
     /// `false` turns speculative decoding off for this request (Forge's field).
     pub speculative: Option<bool>,
+    /// Keep generating past end-of-turn tokens, to `max_tokens` (vLLM's and llama.cpp's field,
+    /// for benchmarks: every request then decodes its full length).
+    pub ignore_eos: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -302,6 +305,7 @@ pub fn parse_common(o: &Obj, max_allowed_tokens: usize) -> Result<Common, ApiErr
         loop_guard: opt_int(o, "loop_guard", 0, 1 << 20)?.map(|n| n as usize),
         forced_output,
         speculative: opt_bool(o, "speculative")?,
+        ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
     })
 }
 

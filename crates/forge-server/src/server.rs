@@ -18,7 +18,7 @@ use axum::Router;
 use forge_model::load::Loaded;
 use serde_json::{json, Value as Json};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -232,13 +232,26 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         "kv_cache_dtype": app.kv_dtype.name(),
         "threads": rayon::current_num_threads(),
         "queue": st.queued.load(Ordering::SeqCst),
-        "busy": st.busy.load(Ordering::SeqCst),
+        "busy": st.active.load(Ordering::SeqCst) > 0,
+        "slots": app.engine.config.parallel,
+        "active": st.active.load(Ordering::SeqCst),
+        "batching": batching_json(&app.engine.scheduler.stats),
         "served": st.served.load(Ordering::SeqCst),
         "prompt_cache": {"entries": st.cache_entries.load(Ordering::SeqCst), "bytes": st.cache_bytes.load(Ordering::SeqCst)},
         "last": last.as_ref().map(stats_json),
         "uptime_s": app.started.elapsed().as_secs_f64(),
     }))
     .into_response()
+}
+
+fn batching_json(s: &crate::batch::SchedStats) -> Json {
+    let n = |v: &AtomicU64| v.load(Ordering::Relaxed);
+    json!({
+        "cycles": n(&s.cycles), "passes": n(&s.passes), "rows": n(&s.rows), "batched_passes": n(&s.batched),
+        "prompt_chunks": n(&s.long), "prompt_chunks_beside_decoding": n(&s.long_beside_short),
+        "max_chunks_a_decode_waited": n(&s.long_waits),
+        "run_s": n(&s.run_ns) as f64 * 1e-9, "gather_s": n(&s.gather_ns) as f64 * 1e-9,
+    })
 }
 
 fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Json, ApiError> {
@@ -763,7 +776,7 @@ impl Drop for Background {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    // Two I/O threads are plenty: the model runs on the engine thread and rayon's pool.
+    // Two I/O threads are plenty: the model runs on the scheduler thread and rayon's pool.
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("forge-http")

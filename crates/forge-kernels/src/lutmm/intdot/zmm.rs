@@ -30,6 +30,7 @@ use super::avx2::{
 };
 use super::{Args, DecodeArgs, CHUNK, LANES};
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 /// Pairs in flight per row, each with its own accumulators: a pair's multiply-adds go
 /// straight into them (no separate add), and two chains of them keep the units busy.
@@ -864,8 +865,15 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
     let z = _mm512_setzero_si512();
     let o0 = r0 * nw(K);
     let row_hl = a.nchunks / 2 * 4 * CHUNK;
-    let mut wbuf = [z; 4 * PAIRS];
-    let mut lanes = [[_mm256_setzero_ps(); NO]; MAX_ROWS];
+    // Neither buffer is zeroed whole: together they are 16 KiB, and clearing them for every
+    // four output rows cost more than the products at two activation rows. Each block writes
+    // every weight slot it reads (`o < NO`, `q < np`) before the rows read it, and only the
+    // first `a.t` rows of lanes are set and read.
+    let mut wbuf = [MaybeUninit::<__m512i>::uninit(); 4 * PAIRS];
+    let mut lanes = [[MaybeUninit::<__m256>::uninit(); NO]; MAX_ROWS];
+    for lt in lanes.iter_mut().take(a.t) {
+        lt.iter_mut().for_each(|l| *l = MaybeUninit::new(_mm256_setzero_ps()));
+    }
     let mut c0 = 0usize;
     for b in 0..a.nblocks {
         let nc = (c0 + PER_BLOCK).min(a.nchunks) - c0;
@@ -880,7 +888,7 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
                     for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                         let o = i * nw(K) + v;
                         if o < NO {
-                            wbuf[o * PAIRS + q + u] = wv;
+                            wbuf[o * PAIRS + q + u] = MaybeUninit::new(wv);
                         }
                     }
                 }
@@ -890,7 +898,7 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
                 for (v, &wv) in w.iter().enumerate().take(nw(K)) {
                     let o = i * nw(K) + v;
                     if o < NO {
-                        wbuf[o * PAIRS + q] = wv;
+                        wbuf[o * PAIRS + q] = MaybeUninit::new(wv);
                     }
                 }
             }
@@ -904,7 +912,8 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
                 let l = _mm512_loadu_si512(xhl.add(q * 4 * CHUNK + 2 * CHUNK) as *const _);
                 let x2v = if P == 2 { _mm512_loadu_si512(x2.add(q) as *const _) } else { z };
                 for (o, ao) in acc.iter_mut().enumerate() {
-                    let w = wbuf[o * PAIRS + q];
+                    // SAFETY: slot (o, q) was written by this block's lookup above.
+                    let w = wbuf[o * PAIRS + q].assume_init();
                     ao[0] = _mm512_dpbusd_epi32(ao[0], w, h);
                     ao[1] = _mm512_dpbusd_epi32(ao[1], w, l);
                     if P == 2 {
@@ -929,7 +938,10 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
                     let o = i * nw(K) + v;
                     if o < NO {
                         for (p, &ap) in acc256[0][v].iter().enumerate().take(P) {
-                            lt[o] = close_block(lt[o], ap, a.corr.add((blk + p) * LANES), a.xs.add(blk + p));
+                            // SAFETY: row t < a.t: set to zero before the first block.
+                            let l = lt[o].assume_init();
+                            lt[o] =
+                                MaybeUninit::new(close_block(l, ap, a.corr.add((blk + p) * LANES), a.xs.add(blk + p)));
                         }
                     }
                 }
@@ -939,7 +951,8 @@ unsafe fn block_group<const K: u8, const P: usize, const NO: usize>(a: &Args, tb
     }
     for (t, lt) in lanes.iter().enumerate().take(a.t) {
         for (o, &l) in lt.iter().enumerate() {
-            *a.out.add(t * a.out_t_stride + o0 + o) = reduce(l) * *a.scale.add(o0 + o);
+            // SAFETY: as above, rows below a.t are set.
+            *a.out.add(t * a.out_t_stride + o0 + o) = reduce(l.assume_init()) * *a.scale.add(o0 + o);
         }
     }
 }
