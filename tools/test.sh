@@ -15,5 +15,7 @@ cargo build --release --bin forge
 python3 tools/test_openai_sdk.py --forge target/release/forge
 # Every command of the README, as written, from the repository root.
 python3 tools/readme_commands.py
+# A short soak of the server the README built (tools/soak.py; the full one runs 30 minutes).
+python3 tools/soak.py --forge target/release/forge --model out/q4 --clients 16 --seconds 60 --log out/soak-server.log
 # The aarch64 NEON kernels, cross-built and run under QEMU (installs Debian's cross toolchain).
 bash tools/test_neon.sh

@@ -58,6 +58,14 @@ def wait_health(base, proc, timeout=180):
     raise RuntimeError("forge serve did not become healthy")
 
 
+def start_server(forge, flags=(), log=subprocess.DEVNULL):
+    """`forge serve` on SmolLM2 at a free port with the test key and hooks: (process, base URL)."""
+    port = free_port()
+    proc = subprocess.Popen([forge, "--threads", "2", "serve", "--model", "smollm2", "--port", str(port),
+                             "--ctx", "2048", "--api-key", KEY, "--test-hooks", *flags], stdout=log, stderr=log)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def forge_generate(forge, prompt, max_tokens):
     out = subprocess.run([forge, "--threads", "2", "generate", "--model", "smollm2", "--chat", "--temperature", "0",
                           "--max-tokens", str(max_tokens), "--prompt", prompt],
@@ -197,6 +205,27 @@ class Checks:
             pass
         self.models()  # still serving
 
+    def speculative_servers_answer_alike(self):
+        """Servers decoding speculatively (prompt lookup; a draft model, here SmolLM2 itself) give
+        the SDK the plain server's greedy text, and report accepted and rejected drafts."""
+        prompt = "Print the alphabet from A to Z, separated by commas, twice."
+        ask = lambda c: c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": prompt}],
+                                                  temperature=0, max_tokens=48)
+        want = ask(self.c).choices[0].message.content
+        for flags in (["--lookup"], ["--draft", "smollm2"]):
+            proc, base = start_server(self.forge, flags)
+            try:
+                wait_health(base, proc)
+                c = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=300)
+                r = ask(c)
+                assert r.choices[0].message.content == want, (flags, r.choices[0].message.content, want)
+                d = r.usage.completion_tokens_details
+                assert d.accepted_prediction_tokens > 0, (flags, d)
+                assert d.rejected_prediction_tokens is not None, (flags, d)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=15)
+
     def forge_chat_pipe(self):
         stdin = f"{FRANCE}\n/think\n/reset\n{FRANCE}\n/quit\n"
         p = subprocess.run([self.forge, "--threads", "2", "chat", "--model", "smollm2", "--temperature", "0"],
@@ -262,11 +291,8 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log = open(os.path.join(ROOT, "target", "test_openai_sdk.server.log"), "w")
-    proc = subprocess.Popen([args.forge, "--threads", "2", "serve", "--model", "smollm2", "--port", str(port),
-                             "--ctx", "2048", "--api-key", KEY, "--test-hooks"], stdout=log, stderr=log)
+    proc, base = start_server(args.forge, log=log)
     passed = failed = 0
     try:
         health = wait_health(base, proc)
