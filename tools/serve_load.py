@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--requests", type=int, default=2, help="requests per client, one after the other")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--no-stream", action="store_true", help="whole answers (no time to first token or gaps)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed requests first (a fresh server maps its weights)")
     a = ap.parse_args()
     results, errors = [], []
     lock = threading.Lock()
@@ -84,6 +85,8 @@ def main():
                 with lock:
                     errors.append(f"{type(e).__name__}: {e}")
 
+    for k in range(a.warmup):
+        one(a.url, PROMPTS[-1 - k % len(PROMPTS)], 8, not a.no_stream)
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
     for t in threads:
