@@ -232,14 +232,17 @@ fn cycle(models: &[Arc<Model>], pending: &mut VecDeque<Msg>, stats: &SchedStats)
 
 /// Runs `f`, turning a panic in model code into an error for the requests it served.
 fn guarded(f: impl FnOnce() -> Result<()>) -> Result<()> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
-        Err(anyhow!("engine panic: {msg}"))
-    })
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panic_error(p)))
+}
+
+/// A caught panic as the error the requests it hit get.
+pub(crate) fn panic_error(p: Box<dyn std::any::Any + Send>) -> anyhow::Error {
+    let msg = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    anyhow!("engine panic: {msg}")
 }
 
 /// One forward over the passes in `batch` (all on `model`), each answered.

@@ -8,7 +8,7 @@
 //! receiver is dropped (client gone), and its state up to that point stays in the cache,
 //! consistent with the tokens it consumed.
 
-use crate::batch::{Scheduler, SlotRunner};
+use crate::batch::{panic_error, Scheduler, SlotRunner};
 use crate::cache::{PrefillResult, PromptCache};
 use crate::penalties::{log_softmax, loop_detected, top_n, Penalties};
 use anyhow::{Context, Result};
@@ -330,12 +330,7 @@ impl Slot {
                 Ok(r) => r,
                 Err(p) => {
                     self.cache().clear();
-                    let msg = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    Err(anyhow::anyhow!("engine panic: {msg}"))
+                    Err(panic_error(p))
                 }
             };
             match r {
