@@ -160,10 +160,10 @@ pub fn run(model: &Model, b: &FillBench, probe: &Probe) -> Result<()> {
         Ok((rates, split))
     })?;
     let decode = median(rates.clone());
-    let (mut kv, mut recurrent) = (0usize, 0usize);
+    let (mut kv, mut kv_used, mut recurrent) = (0usize, 0usize, 0usize);
     for l in &sess.layers {
         match l {
-            LayerState::Attn(c) => kv += c.capacity_bytes(),
+            LayerState::Attn(c) => (kv, kv_used) = (kv + c.capacity_bytes(), kv_used + c.used_bytes()),
             LayerState::Delta(d) => recurrent += (d.conv.len() + d.rec.len()) * 4,
         }
     }
@@ -191,7 +191,7 @@ pub fn run(model: &Model, b: &FillBench, probe: &Probe) -> Result<()> {
             "attention_share": attn_ms / total_ms.max(1e-12),
             "attention_history_gb_s": (attn_ms > 0.0).then(|| history_bytes / (attn_ms * 1e-3) / 1e9),
             "peak_rss_bytes": peak,
-            "memory_bytes": { "kv_cache": kv, "recurrent_state": recurrent },
+            "memory_bytes": { "kv_cache": kv, "kv_cache_used": kv_used, "recurrent_state": recurrent },
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
@@ -214,8 +214,9 @@ pub fn run(model: &Model, b: &FillBench, probe: &Probe) -> Result<()> {
             );
         }
         println!(
-            "memory           KV cache {:.1} MiB, recurrent state {:.1} MiB",
+            "memory           KV cache {:.1} MiB ({:.1} MiB used), recurrent state {:.1} MiB",
             kv as f64 / (1 << 20) as f64,
+            kv_used as f64 / (1 << 20) as f64,
             recurrent as f64 / (1 << 20) as f64
         );
         if let Some(p) = peak {

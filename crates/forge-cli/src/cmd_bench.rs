@@ -72,7 +72,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let path = crate::cmd_bundle::resolve(&a.model)?;
     let mut loaded = forge_model::load::load(&path)?;
-    loaded.model.set_kv_dtype(crate::kv_dtype());
+    crate::configure(&mut loaded.model);
     let model = &loaded.model;
     if let Some(context) = a.context {
         let b = crate::bench_fill::FillBench {
@@ -176,6 +176,7 @@ pub fn run(a: Args) -> Result<()> {
                 "weights": mem.weights,
                 "packed": mem.packed,
                 "kv_cache": mem.kv,
+                "kv_cache_used": mem.kv_used,
                 "recurrent_state": mem.recurrent,
                 "scratch": mem.scratch,
             },
@@ -263,10 +264,11 @@ pub fn run(a: Args) -> Result<()> {
             .collect();
         println!("decode split     {} per token", parts.join(", "));
         println!(
-            "memory           weights {:.3} GiB, packed {:.3} GiB, KV cache {:.1} MiB, recurrent state {:.1} MiB, scratch {:.1} MiB",
+            "memory           weights {:.3} GiB, packed {:.3} GiB, KV cache {:.1} MiB ({:.1} MiB used), recurrent state {:.1} MiB, scratch {:.1} MiB",
             gb(mem.weights),
             gb(mem.packed),
             mem.kv as f64 / (1 << 20) as f64,
+            mem.kv_used as f64 / (1 << 20) as f64,
             mem.recurrent as f64 / (1 << 20) as f64,
             mem.scratch as f64 / (1 << 20) as f64
         );
@@ -440,7 +442,9 @@ fn part_page_rates(model: &Model, rounds: usize) -> Vec<(String, f64)> {
 struct Memory {
     weights: usize,
     packed: usize,
+    /// KV cache pages held (reserved room included), and the bytes of the positions stored.
     kv: usize,
+    kv_used: usize,
     recurrent: usize,
     /// Pooled work buffers and kept activation quantizations of all threads.
     scratch: usize,
@@ -471,14 +475,14 @@ fn memory(model: &Model, sess: &Session) -> Memory {
     let weights = lin.iter().map(|l| stored_bytes(l)).sum::<usize>() + embed;
     let packed =
         lin.iter().filter(|l| !matches!(l.weight, Weight::Dense(_) | Weight::Gguf(_))).map(|l| l.weight_bytes()).sum();
-    let (mut kv, mut recurrent) = (0, 0);
+    let (mut kv, mut kv_used, mut recurrent) = (0, 0, 0);
     for l in &sess.layers {
         match l {
-            LayerState::Attn(c) => kv += c.capacity_bytes(),
+            LayerState::Attn(c) => (kv, kv_used) = (kv + c.capacity_bytes(), kv_used + c.used_bytes()),
             LayerState::Delta(d) => recurrent += (d.conv.len() + d.rec.len()) * 4,
         }
     }
-    Memory { weights, packed, kv, recurrent, scratch: forge_kernels::scratch::held_bytes() }
+    Memory { weights, packed, kv, kv_used, recurrent, scratch: forge_kernels::scratch::held_bytes() }
 }
 
 /// Multi-threaded read bandwidth: sums a buffer in several streams per worker, with software

@@ -65,7 +65,7 @@ fn generate(a: GenArgs) -> Result<()> {
     }
     let path = crate::cmd_bundle::resolve(&a.model)?;
     let mut loaded = forge_model::load::load(&path)?;
-    loaded.model.set_kv_dtype(crate::kv_dtype());
+    crate::configure(&mut loaded.model);
     calib_gen::chat_parts(&loaded)?;
     let opts = GenOptions { max_tokens: a.max_tokens, temperature: a.temperature, top_p: a.top_p, seed: a.seed };
 

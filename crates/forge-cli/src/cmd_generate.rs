@@ -28,6 +28,10 @@ pub struct Args {
     system: Option<String>,
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
+    /// Positions the session may hold, prompt and generated tokens (default: the model's
+    /// max_position_embeddings): generation stops there.
+    #[arg(long)]
+    ctx_size: Option<usize>,
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.7)]
     temperature: f32,
@@ -47,7 +51,8 @@ pub fn run(a: Args) -> Result<()> {
     let path = crate::cmd_bundle::resolve(&a.model)?;
     let spec = a.spec.config()?;
     let kv = crate::kv_dtype();
-    let loaded = forge_model::load::load(&path)?;
+    let mut loaded = forge_model::load::load(&path)?;
+    crate::configure(&mut loaded.model);
     let draft = a.spec.load_draft(&path)?;
     let vocab = loaded.model.cfg.vocab_size;
     let (prompt, tok) = match (&a.prompt_ids, &a.prompt) {
@@ -80,6 +85,14 @@ pub fn run(a: Args) -> Result<()> {
         }
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };
+    let ctx = a.ctx_size.unwrap_or(loaded.model.cfg.max_position_embeddings);
+    if prompt.len() >= ctx {
+        bail!("the prompt's {} tokens leave no room within --ctx-size {ctx}", prompt.len());
+    }
+    let max_tokens = a.max_tokens.min(ctx - prompt.len());
+    if max_tokens < a.max_tokens {
+        eprintln!("note: --max-tokens {} cut to {max_tokens}: --ctx-size {ctx} holds the prompt's {} tokens and {max_tokens} more", a.max_tokens, prompt.len());
+    }
     let params =
         SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed: a.seed };
     let drafter = a.spec.drafter(draft.as_ref().map(|d| &d.model), &params, vocab, kv);
@@ -89,16 +102,8 @@ pub fn run(a: Args) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let mut ids = Vec::new();
     let stop_ids = tok.map_or(&[][..], |t| t.stop_ids());
-    let stats = generate_with(
-        &loaded.model,
-        &mut session,
-        &prompt,
-        a.max_tokens,
-        &mut sampler,
-        stop_ids,
-        drafter,
-        spec,
-        |t| {
+    let stats =
+        generate_with(&loaded.model, &mut session, &prompt, max_tokens, &mut sampler, stop_ids, drafter, spec, |t| {
             ids.push(t);
             match dec.as_mut() {
                 Some(d) => out.write_all(d.push(t)?.as_bytes())?,
@@ -106,8 +111,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             out.flush()?;
             Ok(true)
-        },
-    )?;
+        })?;
     let rest = match dec.as_mut() {
         Some(d) => d.finish()?,
         None => String::new(),

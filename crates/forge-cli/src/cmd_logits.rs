@@ -32,7 +32,8 @@ pub fn run(a: Args) -> Result<()> {
     if toks.is_empty() {
         bail!("{}: no token ids", a.tokens.display());
     }
-    let model = forge_model::load::load(&path)?.model.with_kv_dtype(crate::kv_dtype());
+    let mut model = forge_model::load::load(&path)?.model;
+    crate::configure(&mut model);
     let v = model.cfg.vocab_size;
     if let Some(&bad) = toks.iter().find(|&&t| t as usize >= v) {
         bail!("{}: token id {bad} is out of range for vocabulary size {v}", a.tokens.display());

@@ -13,16 +13,12 @@ pub struct EngineArgs {
     #[arg(long, default_value = "smollm2")]
     pub model: String,
     /// Context length (prompt + completion) of one request.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, visible_alias = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
     /// Requests served at once (continuous batching: their decode steps run together). Default:
     /// 4, fewer where the memory their caches take at --ctx is not there.
     #[arg(long)]
     pub parallel: Option<usize>,
-    /// Prompts run in chunks of this many tokens; with several requests at once a new prompt
-    /// delays the others' next token by at most one chunk.
-    #[arg(long, default_value_t = 512)]
-    pub prefill_chunk: usize,
     /// Prompt cache budget in MiB (model states kept for reuse by later requests).
     #[arg(long, default_value_t = 1024)]
     pub cache_mb: usize,
@@ -69,7 +65,7 @@ impl EngineArgs {
     ) -> Result<std::sync::Arc<App>> {
         let path = crate::cmd_bundle::resolve(&self.model)?;
         let mut loaded = forge_model::load::load(&path)?;
-        loaded.model.set_kv_dtype(crate::kv_dtype());
+        crate::configure(&mut loaded.model);
         let spec = self.spec.config()?;
         let draft = self.spec.load_draft(&path)?.map(|d| d.model);
         let speculation = if self.spec.lookup {
@@ -85,16 +81,15 @@ impl EngineArgs {
             Some(n) => n,
             None => default_parallel(&loaded.model, self.ctx),
         };
-        if self.prefill_chunk == 0 {
-            bail!("--prefill-chunk 0: a chunk needs at least one token");
-        }
         let cfg = ServerConfig {
             api_key,
             model_id,
             engine: EngineConfig {
                 ctx: self.ctx,
                 cache_bytes: self.cache_mb << 20,
-                prefill_chunk: self.prefill_chunk,
+                // With several requests at once a new prompt delays the others' next token by
+                // at most one chunk.
+                prefill_chunk: crate::prefill_chunk().unwrap_or(512),
                 parallel,
                 speculation,
                 spec,

@@ -60,6 +60,12 @@ struct Cli {
     /// f16 scale per position and head; 2 × head_dim + 4 bytes a position and head).
     #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16", "v8", "kv8"])]
     kv_cache_dtype: Option<String>,
+    /// Prompts longer than this run through the model this many tokens at a time, so that
+    /// their scratch memory stops growing past one chunk (default: as many as keep a chunk's
+    /// activations near 64 MiB, 256 to 2048; `serve`: 512, the most a new prompt delays the
+    /// other requests' next token).
+    #[arg(long, global = true, value_name = "TOKENS")]
+    prefill_chunk: Option<usize>,
     /// Load a bundle without checking its files against release.json.
     #[arg(long, global = true)]
     no_verify: bool,
@@ -129,8 +135,27 @@ fn kv_dtype() -> forge_model::session::KvDtype {
     KV_DTYPE.get().copied().unwrap_or_default()
 }
 
+/// `--prefill-chunk`, set once from the command line (`None`: the default of each command).
+static PREFILL_CHUNK: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+
+fn prefill_chunk() -> Option<usize> {
+    PREFILL_CHUNK.get().copied().flatten()
+}
+
+/// The session settings of the command line (`--kv-cache-dtype`, `--prefill-chunk`) given to a
+/// model the command loaded.
+fn configure(m: &mut forge_model::Model) {
+    m.set_kv_dtype(kv_dtype());
+    m.set_prefill_chunk(prefill_chunk().unwrap_or(0));
+}
+
 fn main() {
     let cli = Cli::parse();
+    if cli.prefill_chunk == Some(0) {
+        eprintln!("forge: --prefill-chunk 0: a chunk needs at least one token");
+        std::process::exit(2);
+    }
+    PREFILL_CHUNK.set(cli.prefill_chunk).expect("set once");
     NO_VERIFY.set(cli.no_verify).expect("set once");
     if let Some(n) = cli.threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global() {

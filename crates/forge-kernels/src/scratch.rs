@@ -10,7 +10,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 
 /// Buffers a thread keeps; more are freed as usual.
 const KEEP: usize = 48;
@@ -166,30 +166,64 @@ pub fn allocations() -> u64 {
 }
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Heap bytes held now, when [`CountingAlloc`] is the global allocator (0 otherwise).
+pub fn live_bytes() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The most heap bytes held at once since the last [`reset_peak`] (or the start).
+pub fn peak_bytes() -> usize {
+    PEAK.load(Ordering::Relaxed)
+}
+
+/// Starts a new peak from the bytes held now.
+pub fn reset_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+fn note_alloc(bytes: usize) {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
 
 /// The system allocator, counting allocations (`forge bench` reports them per decoded token;
 /// the allocation test asserts there are none). Install with `#[global_allocator]`.
 pub struct CountingAlloc;
 
 // SAFETY: every call forwards to the system allocator with the caller's arguments unchanged;
-// the counter is a side effect that never touches the memory.
+// the counters are a side effect that never touches the memory.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller's contract for `alloc` is passed on as it is.
-        unsafe { System.alloc(l) }
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            note_alloc(l.size());
+        }
+        p
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as above, for `alloc_zeroed`.
-        unsafe { System.alloc_zeroed(l) }
+        let p = unsafe { System.alloc_zeroed(l) };
+        if !p.is_null() {
+            note_alloc(l.size());
+        }
+        p
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as above, for `realloc` (`p` came from this allocator, i.e. from `System`).
-        unsafe { System.realloc(p, l, n) }
+        let q = unsafe { System.realloc(p, l, n) };
+        if !q.is_null() {
+            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+            note_alloc(n);
+        }
+        q
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
         // SAFETY: as above, for `dealloc`.
         unsafe { System.dealloc(p, l) }
     }

@@ -45,7 +45,9 @@ use forge_core::checkpoint::Checkpoint;
 use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
 use forge_core::tensor::HostTensor;
 use forge_kernels::act::{sigmoid, silu, softplus, swiglu};
-use forge_kernels::attention::{attend_group, attend_part, merge_parts, n_parts, part_len, History, KvElem};
+use forge_kernels::attention::{
+    attend_group, attend_rows, merge_parts, n_parts, part_len, part_rows, KvElem, PagedHistory,
+};
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
@@ -125,6 +127,12 @@ pub struct Model {
     pub rope: Rope,
     /// The KV cache type of the sessions [`Model::new_session`] makes (f32 unless set).
     kv_dtype: KvDtype,
+    /// Positions per KV cache page of this model's sessions.
+    kv_page_rows: usize,
+    /// Tokens of a long input run through the layers at a time (0: chosen from the shape).
+    prefill_chunk: usize,
+    /// Positions a session may hold (`None`: no limit).
+    ctx_size: Option<usize>,
 }
 
 /// Which logits `forward` returns.
@@ -272,18 +280,29 @@ impl Model {
             (None, _) => linear(ck, provider, "lm_head", v, h, false)?,
         };
         let rope = Rope::new(cfg.rope_theta, cfg.rotary_dim, cfg.rope_scaling.as_ref());
-        let kv_dtype = KvDtype::F32;
-        Ok(Model { final_norm: small(ck, "norm.weight", h)?, embed, layers, head, rope, cfg, kv_dtype })
+        let (kv_dtype, kv_page_rows) = (KvDtype::F32, crate::session::DEFAULT_PAGE_ROWS);
+        let final_norm = small(ck, "norm.weight", h)?;
+        let (prefill_chunk, ctx_size) = (0, None);
+        Ok(Model { final_norm, embed, layers, head, rope, cfg, kv_dtype, kv_page_rows, prefill_chunk, ctx_size })
     }
 
     /// A session with KV caches of this model's type ([`Model::set_kv_dtype`]; f32 unless set).
     pub fn new_session(&self) -> Session {
-        Session::with_kv_dtype(&self.cfg, self.kv_dtype)
+        Session::with_kv(&self.cfg, self.kv_dtype, self.kv_page_rows)
     }
 
     /// A session with KV caches of type `dtype`, whatever this model's own.
     pub fn new_session_with_kv(&self, dtype: KvDtype) -> Session {
-        Session::with_kv_dtype(&self.cfg, dtype)
+        Session::with_kv(&self.cfg, dtype, self.kv_page_rows)
+    }
+
+    /// This model with sessions whose KV caches grow in pages of `rows` positions (a multiple
+    /// of eight; [`crate::session::DEFAULT_PAGE_ROWS`] unless set). The page size changes
+    /// memory's granularity, never a result's bits.
+    pub fn with_kv_pages(mut self, rows: usize) -> Self {
+        assert!(rows > 0 && rows.is_multiple_of(8), "KV pages of {rows} positions (a multiple of 8)");
+        self.kv_page_rows = rows;
+        self
     }
 
     /// The KV cache type of the sessions [`Model::new_session`] makes from now on: a value of
@@ -302,6 +321,51 @@ impl Model {
         self.kv_dtype
     }
 
+    /// Positions per KV cache page of this model's sessions.
+    pub fn kv_page_rows(&self) -> usize {
+        self.kv_page_rows
+    }
+
+    /// This model running inputs longer than `tokens` in chunks of that many (0: chosen from
+    /// its shape, [`Model::prefill_chunk`]), so that a prompt's scratch memory stops growing
+    /// past one chunk. DeltaNet layers carry their state from chunk to chunk and attention
+    /// reads the chunks before from the cache, so the result is the one-pass result up to the
+    /// rounding of the matrix products' row blocking.
+    pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
+        self.prefill_chunk = tokens;
+        self
+    }
+
+    /// [`Model::with_prefill_chunk`] on a model in place.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens;
+    }
+
+    /// Tokens a forward pass takes at a time: as set, or as many as keep a chunk's activations
+    /// near 64 MiB (each token's hidden states, projections and MLP activations in f32),
+    /// between 256 and 2048, a multiple of 256.
+    pub fn prefill_chunk(&self) -> usize {
+        if self.prefill_chunk > 0 {
+            return self.prefill_chunk;
+        }
+        let c = &self.cfg;
+        let mixer = (c.q_proj_dim() + 2 * c.num_kv_heads * c.head_dim)
+            .max(c.deltanet.as_ref().map_or(0, |d| 2 * d.conv_dim() + d.num_v_heads * d.v_head_dim));
+        let row_bytes = 4 * (6 * c.hidden_size + 3 * c.intermediate_size + mixer);
+        ((64 << 20) / row_bytes.max(1) / 256 * 256).clamp(256, 2048)
+    }
+
+    /// This model's sessions limited to `positions` (a forward pass that would take one past
+    /// them is refused before it changes anything).
+    pub fn with_ctx_size(mut self, positions: usize) -> Self {
+        self.ctx_size = Some(positions);
+        self
+    }
+
+    pub fn ctx_size(&self) -> Option<usize> {
+        self.ctx_size
+    }
+
     /// Run `tokens` through the model, advancing `s`. Returns logits per `want`
     /// (`All`: `T × vocab`, `Last`: `vocab`).
     pub fn forward(&self, s: &mut Session, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
@@ -314,6 +378,10 @@ impl Model {
     /// `out` allocates nothing per token once warm (see `forge_kernels::scratch`), except when a
     /// KV cache grows past what [`Session::reserve`] set aside.
     pub fn forward_into(&self, s: &mut Session, tokens: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
+        let chunk = self.prefill_chunk();
+        if tokens.len() > chunk {
+            return self.forward_chunks(s, tokens, chunk, want, out);
+        }
         // Run on a rayon worker: the kernels' parallel sections then fork from inside the pool
         // instead of each waking the pool from outside (one hand-off per call instead of ~100
         // per token, which on 2 cores would cost a third of SmolLM2's decode time).
@@ -328,6 +396,51 @@ impl Model {
         // (prefill) each: the other workers spin between them (`forge_kernels::team`) instead of
         // falling asleep in rayon and being woken for each.
         with_team(|| self.forward_steps(&mut [Step { session: s, tokens, want }], std::slice::from_mut(out)))
+    }
+
+    /// A long input `chunk` tokens at a time; checked whole first (ids, context size), so that
+    /// an input refused leaves the session as it was.
+    fn forward_chunks(
+        &self,
+        s: &mut Session,
+        tokens: &[u32],
+        chunk: usize,
+        want: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.check_input(s, tokens)?;
+        out.clear();
+        let mut part = Vec::new();
+        let n = tokens.len().div_ceil(chunk);
+        for (i, c) in tokens.chunks(chunk).enumerate() {
+            let w = match want {
+                Logits::All => Logits::All,
+                Logits::Last if i + 1 == n => Logits::Last,
+                _ => Logits::None,
+            };
+            self.forward_into(s, c, w, &mut part)?;
+            out.extend_from_slice(&part);
+        }
+        Ok(())
+    }
+
+    /// An input the session can take: ids within the vocabulary, positions within the context
+    /// size.
+    fn check_input(&self, s: &Session, tokens: &[u32]) -> Result<()> {
+        let vocab = self.cfg.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            bail!("token id {bad} is out of range for vocabulary size {vocab}");
+        }
+        if let Some(ctx) = self.ctx_size {
+            let end = s.pos + tokens.len();
+            anyhow::ensure!(
+                end <= ctx,
+                "{} tokens after {} would take the session to {end} positions, past its context size of {ctx} (--ctx-size)",
+                tokens.len(),
+                s.pos
+            );
+        }
+        Ok(())
     }
 
     /// Several sequences advanced in one pass (continuous batching): every step's rows go
@@ -346,6 +459,9 @@ impl Model {
         anyhow::ensure!(steps.len() == outs.len(), "{} steps for {} outputs", steps.len(), outs.len());
         if steps.iter().any(|s| s.tokens.is_empty()) || steps.is_empty() {
             bail!("forward called with no tokens");
+        }
+        for s in steps.iter() {
+            self.check_input(s.session, s.tokens)?;
         }
         let t: usize = steps.iter().map(|s| s.tokens.len()).sum();
         let h = self.cfg.hidden_size;
@@ -652,8 +768,8 @@ impl Model {
             let (key_scales, value_scales) = (cache.key_scales(g), cache.value_scales(g));
             macro_rules! attend {
                 ($keys:expr, $values:expr) => {{
-                    let kv =
-                        History { keys: $keys, values: $values, key_scales, value_scales, n, stride: hd, offset: 0 };
+                    let page = cache.page_rows();
+                    let kv = PagedHistory { keys: $keys, values: $values, key_scales, value_scales, n, d: hd, page };
                     attend_item(qg, hd, kv, part, scale, scores, o)
                 }};
             }
@@ -679,7 +795,9 @@ impl Model {
             // from leaving one worker alone at the end.
             let items = t * kvh;
             let per = items.div_ceil(16 * threads);
-            let ssize = group * (pos0 + t);
+            // A token's history is attended a part at a time (`attend_group`): the scores of one
+            // part, a sixteenth of the longest history, are all a task holds.
+            let ssize = group * part_len(pos0 + t);
             let mut scores = Buf::for_overwrite(items.div_ceil(per) * ssize);
             par_chunks2_mut(out, per * gsize, &mut scores, ssize, &|k, o, sc| {
                 for (j, oj) in o.chunks_mut(gsize).enumerate() {
@@ -922,7 +1040,7 @@ impl Model {
 fn attend_item<K: KvElem, V: KvElem>(
     qg: &[f32],
     hd: usize,
-    kv: History<K, V>,
+    kv: PagedHistory<K, V>,
     part: Option<(usize, &mut [f32])>,
     scale: f32,
     scores: &mut [f32],
@@ -930,8 +1048,7 @@ fn attend_item<K: KvElem, V: KvElem>(
 ) {
     match part {
         Some((p, stats)) => {
-            let kv = if p < n_parts(kv.n) { kv.part(p) } else { History { n: 0, ..kv } };
-            attend_part(qg, hd, kv, scale, scores, out, stats, true);
+            attend_rows(qg, hd, kv, part_rows(kv.n, p), scale, scores, out, stats, true);
         }
         None => attend_group(qg, hd, kv, scale, scores, out),
     }

@@ -2,7 +2,7 @@
 //! layers. Cloning a session is an exact snapshot (used for rollback and prompt caching).
 
 use forge_core::config::{LayerKind, ModelConfig};
-use forge_kernels::attention::{KvElem, RowScales};
+use forge_kernels::attention::{KvElem, PagedScales};
 use half::f16;
 
 /// How a KV cache stores its keys and values. f16 halves the bytes attention reads per token
@@ -56,14 +56,19 @@ impl KvDtype {
     }
 }
 
-/// One key/value head's cached rows, in the cache's element type.
+/// One key/value head's cached rows, in the cache's element type, in pages of
+/// [`KvCache::page_rows`] positions (`head_dim` values each; the last page partly used).
 #[derive(Clone, Copy, Debug)]
 pub enum KvRows<'a> {
-    F32(&'a [f32]),
-    F16(&'a [f16]),
+    F32(&'a [Box<[f32]>]),
+    F16(&'a [Box<[f16]>]),
     /// Codes; the row scales come from [`KvCache::key_scales`] and [`KvCache::value_scales`].
-    I8(&'a [i8]),
+    I8(&'a [Box<[i8]>]),
 }
+
+/// Positions a cache page holds unless the session says otherwise: 256 positions of SmolLM2's
+/// 64-value heads are 16 KiB of f16 keys, of the 27B shape's 256-value KV8 heads 64 KiB.
+pub const DEFAULT_PAGE_ROWS: usize = 256;
 
 /// A cache element type; integer codes carry one scale per stored row of a head.
 trait Stored: KvElem {
@@ -79,21 +84,87 @@ impl Stored for i8 {
     const SCALED: bool = true;
 }
 
-fn touch_spare<T: KvElem>(c: &mut Vec<T>, n: usize) {
-    c.reserve(n);
-    c.spare_capacity_mut().iter_mut().for_each(|v| {
-        v.write(T::from_f32(0.0));
-    });
+/// Elements in pages of `per_page` each, a page allocated (its zeros written, so that no later
+/// step takes its page faults) when the first element that needs it arrives. Rows never
+/// straddle two pages (`per_page` is a whole number of rows), so a row is written in place and
+/// nothing already stored is ever copied as the cache grows. Truncation returns the pages past
+/// the last row kept, except those [`Pages::reserve`] set aside.
+#[derive(Debug)]
+struct Pages<T> {
+    pages: Vec<Box<[T]>>,
+    len: usize,
+    per_page: usize,
+    /// Elements of room promised by the last `reserve`.
+    kept: usize,
 }
 
-/// Appends one head's row `x` to `codes` in the element type `T`; for integer codes also its
-/// scale, in the scale type `S`: symmetric, `absmax / 127` rounded to `S`, the codes taken
-/// against the rounded scale so that `scale · code` is what attention reads. An all-zero or
-/// non-finite row gets scale 0 and zero codes rather than NaNs spread over every later output;
-/// a scale past f16's range is held at its largest value (the codes then saturate at ±127).
-fn put<T: Stored, S: KvElem>(x: &[f32], codes: &mut Vec<T>, scales: &mut Vec<S>) {
+impl<T: KvElem> Pages<T> {
+    fn new(per_page: usize) -> Self {
+        Pages { pages: Vec::new(), len: 0, per_page, kept: 0 }
+    }
+
+    fn fresh(&self) -> Box<[T]> {
+        vec![T::from_f32(0.0); self.per_page].into_boxed_slice()
+    }
+
+    /// The slot for the next row of `w` elements.
+    fn next_row(&mut self, w: usize) -> &mut [T] {
+        let (p, i) = (self.len / self.per_page, self.len % self.per_page);
+        debug_assert!(i + w <= self.per_page, "a row of {w} across a page of {}", self.per_page);
+        if p == self.pages.len() {
+            let page = self.fresh();
+            self.pages.push(page);
+        }
+        self.len += w;
+        &mut self.pages[p][i..i + w]
+    }
+
+    fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+        let keep = self.len.max(self.kept).div_ceil(self.per_page);
+        self.pages.truncate(keep);
+    }
+
+    fn reserve(&mut self, more: usize) {
+        self.kept = self.len + more;
+        while self.pages.len() * self.per_page < self.kept {
+            let page = self.fresh();
+            self.pages.push(page);
+        }
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        self.pages.len() * self.per_page * std::mem::size_of::<T>()
+    }
+
+    fn used_bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The stored elements in one piece (tests and inspection).
+    fn to_vec(&self) -> Vec<T> {
+        self.pages.iter().flat_map(|p| p.iter().copied()).take(self.len).collect()
+    }
+}
+
+/// A snapshot: the pages in use, none of the room set aside.
+impl<T: KvElem> Clone for Pages<T> {
+    fn clone(&self) -> Self {
+        let used = self.len.div_ceil(self.per_page);
+        Pages { pages: self.pages[..used].to_vec(), len: self.len, per_page: self.per_page, kept: 0 }
+    }
+}
+
+/// Writes one head's row `x` into the next slot of `codes` in the element type `T`; for
+/// integer codes also its scale into `scales`, in the scale type `S`: symmetric, `absmax / 127`
+/// rounded to `S`, the codes taken against the rounded scale so that `scale · code` is what
+/// attention reads. An all-zero or non-finite row gets scale 0 and zero codes rather than NaNs
+/// spread over every later output; a scale past f16's range is held at its largest value (the
+/// codes then saturate at ±127).
+fn put<T: Stored, S: KvElem>(x: &[f32], codes: &mut Pages<T>, scales: &mut Pages<S>) {
+    let row = codes.next_row(x.len());
     if !T::SCALED {
-        codes.extend(x.iter().map(|&v| T::from_f32(v)));
+        row.iter_mut().zip(x).for_each(|(c, &v)| *c = T::from_f32(v));
         return;
     }
     let amax = x.iter().fold(0f32, |m, &v| m.max(v.abs()));
@@ -102,27 +173,27 @@ fn put<T: Stored, S: KvElem>(x: &[f32], codes: &mut Vec<T>, scales: &mut Vec<S>)
         sc = S::from_f32(f16::MAX.to_f32());
     }
     let inv = if sc.to_f32() > 0.0 { 1.0 / sc.to_f32() } else { 0.0 };
-    codes.extend(x.iter().map(|&v| T::from_f32(v * inv)));
-    scales.push(if inv > 0.0 { sc } else { S::from_f32(0.0) });
+    row.iter_mut().zip(x).for_each(|(c, &v)| *c = T::from_f32(v * inv));
+    scales.next_row(1)[0] = if inv > 0.0 { sc } else { S::from_f32(0.0) };
 }
 
-/// Per key/value head, one contiguous run of `head_dim` elements per position (and, for
-/// integer keys or values, one scale per position in `ks` / `vs`, of type `S`).
+/// Per key/value head, pages of `head_dim` elements per position (and, for integer keys or
+/// values, pages of one scale per position in `ks` / `vs`, of type `S`).
 #[derive(Clone, Debug)]
-struct Store<K, V, S = f32> {
-    k: Vec<Vec<K>>,
-    v: Vec<Vec<V>>,
-    ks: Vec<Vec<S>>,
-    vs: Vec<Vec<S>>,
+struct Store<K: KvElem, V: KvElem, S: KvElem = f32> {
+    k: Vec<Pages<K>>,
+    v: Vec<Pages<V>>,
+    ks: Vec<Pages<S>>,
+    vs: Vec<Pages<S>>,
 }
 
 impl<K: Stored, V: Stored, S: KvElem> Store<K, V, S> {
-    fn new(heads: usize) -> Self {
+    fn new(heads: usize, d: usize, page_rows: usize) -> Self {
         Store {
-            k: vec![Vec::new(); heads],
-            v: vec![Vec::new(); heads],
-            ks: vec![Vec::new(); heads],
-            vs: vec![Vec::new(); heads],
+            k: (0..heads).map(|_| Pages::new(page_rows * d)).collect(),
+            v: (0..heads).map(|_| Pages::new(page_rows * d)).collect(),
+            ks: (0..heads).map(|_| Pages::new(page_rows)).collect(),
+            vs: (0..heads).map(|_| Pages::new(page_rows)).collect(),
         }
     }
 
@@ -137,17 +208,13 @@ impl<K: Stored, V: Stored, S: KvElem> Store<K, V, S> {
     }
 
     fn reserve(&mut self, positions: usize, d: usize) {
-        for c in &mut self.k {
-            touch_spare(c, positions * d);
-        }
-        for c in &mut self.v {
-            touch_spare(c, positions * d);
-        }
+        self.k.iter_mut().for_each(|c| c.reserve(positions * d));
+        self.v.iter_mut().for_each(|c| c.reserve(positions * d));
         if K::SCALED {
-            self.ks.iter_mut().for_each(|c| touch_spare(c, positions));
+            self.ks.iter_mut().for_each(|c| c.reserve(positions));
         }
         if V::SCALED {
-            self.vs.iter_mut().for_each(|c| touch_spare(c, positions));
+            self.vs.iter_mut().for_each(|c| c.reserve(positions));
         }
     }
 
@@ -159,18 +226,33 @@ impl<K: Stored, V: Stored, S: KvElem> Store<K, V, S> {
     }
 
     fn rows_f32(&self, h: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+        let (ks, vs) = (self.ks[h].to_vec(), self.vs[h].to_vec());
         let scale = |s: &[S], scaled: bool, j: usize| if scaled { s[j / d.max(1)].to_f32() } else { 1.0 };
         (
-            self.k[h].iter().enumerate().map(|(j, x)| scale(&self.ks[h], K::SCALED, j) * x.to_f32()).collect(),
-            self.v[h].iter().enumerate().map(|(j, x)| scale(&self.vs[h], V::SCALED, j) * x.to_f32()).collect(),
+            self.k[h].to_vec().iter().enumerate().map(|(j, x)| scale(&ks, K::SCALED, j) * x.to_f32()).collect(),
+            self.v[h].to_vec().iter().enumerate().map(|(j, x)| scale(&vs, V::SCALED, j) * x.to_f32()).collect(),
         )
     }
 
-    fn capacity_bytes(&self) -> usize {
-        let k: usize = self.k.iter().map(|c| c.capacity() * std::mem::size_of::<K>()).sum();
-        let v: usize = self.v.iter().map(|c| c.capacity() * std::mem::size_of::<V>()).sum();
-        let s: usize = self.ks.iter().chain(&self.vs).map(|c| c.capacity() * std::mem::size_of::<S>()).sum();
+    fn bytes(&self, of: impl Fn(&dyn PagesBytes) -> usize) -> usize {
+        let k: usize = self.k.iter().map(|c| of(c)).sum();
+        let v: usize = self.v.iter().map(|c| of(c)).sum();
+        let s: usize = self.ks.iter().chain(&self.vs).map(|c| of(c)).sum();
         k + v + s
+    }
+}
+
+/// Bytes of a [`Pages`] of any element type.
+trait PagesBytes {
+    fn capacity(&self) -> usize;
+    fn used(&self) -> usize;
+}
+impl<T: KvElem> PagesBytes for Pages<T> {
+    fn capacity(&self) -> usize {
+        self.capacity_bytes()
+    }
+    fn used(&self) -> usize {
+        self.used_bytes()
     }
 }
 
@@ -197,6 +279,7 @@ pub struct KvCache {
     key_signs: Vec<f32>,
     /// One position's rotated keys, kept for the next push.
     scratch: Vec<f32>,
+    page_rows: usize,
 }
 
 /// Fixed ±1 signs for the KV8 keys' rotation (a seeded SplitMix64 stream; any fixed choice keeps
@@ -252,19 +335,28 @@ impl KvCache {
         KvCache::with_dtype(heads, head_dim, KvDtype::F32)
     }
 
+    /// A cache of `dtype` in pages of [`DEFAULT_PAGE_ROWS`] positions.
     pub fn with_dtype(heads: usize, head_dim: usize, dtype: KvDtype) -> KvCache {
+        KvCache::paged(heads, head_dim, dtype, DEFAULT_PAGE_ROWS)
+    }
+
+    /// A cache of `dtype` in pages of `page_rows` positions, a multiple of eight (attention
+    /// scores keys eight at a time; pages so cut give the bits of one contiguous history).
+    pub fn paged(heads: usize, head_dim: usize, dtype: KvDtype, page_rows: usize) -> KvCache {
+        assert!(page_rows > 0 && page_rows.is_multiple_of(8), "KV pages of {page_rows} positions (a multiple of 8)");
+        let p = page_rows;
         let heads_of = |n| match dtype {
-            KvDtype::F32 => Heads::F32(Store::new(n)),
-            KvDtype::F16 => Heads::F16(Store::new(n)),
-            KvDtype::V8 => Heads::V8(Store::new(n)),
-            KvDtype::Kv8 => Heads::Kv8(Store::new(n)),
+            KvDtype::F32 => Heads::F32(Store::new(n, head_dim, p)),
+            KvDtype::F16 => Heads::F16(Store::new(n, head_dim, p)),
+            KvDtype::V8 => Heads::V8(Store::new(n, head_dim, p)),
+            KvDtype::Kv8 => Heads::Kv8(Store::new(n, head_dim, p)),
         };
         // KV8 keys are quantized in a rotated basis: a few channels of a key head can be many
         // times the rest (SmolLM2's are), and one scale per row would leave the rest a few
         // codes; rotated, every channel carries a share of each.
         let key_signs =
             if dtype == KvDtype::Kv8 && head_dim.is_power_of_two() { rotation_signs(head_dim) } else { Vec::new() };
-        KvCache { heads: heads_of(heads), n_heads: heads, head_dim, key_signs, scratch: Vec::new() }
+        KvCache { heads: heads_of(heads), n_heads: heads, head_dim, key_signs, scratch: Vec::new(), page_rows }
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -278,7 +370,12 @@ impl KvCache {
 
     /// Cached positions.
     pub fn len(&self) -> usize {
-        with_store!(&self.heads, st => st.k.first().map_or(0, |k| k.len() / self.head_dim.max(1)))
+        with_store!(&self.heads, st => st.k.first().map_or(0, |k| k.len / self.head_dim.max(1)))
+    }
+
+    /// Positions a page holds.
+    pub fn page_rows(&self) -> usize {
+        self.page_rows
     }
 
     pub fn is_empty(&self) -> bool {
@@ -327,38 +424,51 @@ impl KvCache {
     /// [`KvCache::rotate_queries`]).
     pub fn keys(&self, h: usize) -> KvRows<'_> {
         match &self.heads {
-            Heads::F32(st) => KvRows::F32(&st.k[h]),
-            Heads::F16(st) => KvRows::F16(&st.k[h]),
-            Heads::V8(st) => KvRows::F16(&st.k[h]),
-            Heads::Kv8(st) => KvRows::I8(&st.k[h]),
+            Heads::F32(st) => KvRows::F32(&st.k[h].pages),
+            Heads::F16(st) => KvRows::F16(&st.k[h].pages),
+            Heads::V8(st) => KvRows::F16(&st.k[h].pages),
+            Heads::Kv8(st) => KvRows::I8(&st.k[h].pages),
         }
     }
 
     pub fn values(&self, h: usize) -> KvRows<'_> {
         match &self.heads {
-            Heads::F32(st) => KvRows::F32(&st.v[h]),
-            Heads::F16(st) => KvRows::F16(&st.v[h]),
-            Heads::V8(st) => KvRows::I8(&st.v[h]),
-            Heads::Kv8(st) => KvRows::I8(&st.v[h]),
+            Heads::F32(st) => KvRows::F32(&st.v[h].pages),
+            Heads::F16(st) => KvRows::F16(&st.v[h].pages),
+            Heads::V8(st) => KvRows::I8(&st.v[h].pages),
+            Heads::Kv8(st) => KvRows::I8(&st.v[h].pages),
         }
     }
 
     /// One scale per position of head `h`'s keys when they are codes ([`KvRows::I8`]), else
     /// none.
-    pub fn key_scales(&self, h: usize) -> RowScales<'_> {
+    pub fn key_scales(&self, h: usize) -> PagedScales<'_> {
         match &self.heads {
-            Heads::Kv8(st) => RowScales::F16(&st.ks[h]),
-            _ => RowScales::None,
+            Heads::Kv8(st) => PagedScales::F16(&st.ks[h].pages),
+            _ => PagedScales::None,
         }
     }
 
     /// One scale per position of head `h`'s values when they are codes ([`KvRows::I8`]), else
     /// none.
-    pub fn value_scales(&self, h: usize) -> RowScales<'_> {
+    pub fn value_scales(&self, h: usize) -> PagedScales<'_> {
         match &self.heads {
-            Heads::V8(st) => RowScales::F32(&st.vs[h]),
-            Heads::Kv8(st) => RowScales::F16(&st.vs[h]),
-            _ => RowScales::None,
+            Heads::V8(st) => PagedScales::F32(&st.vs[h].pages),
+            Heads::Kv8(st) => PagedScales::F16(&st.vs[h].pages),
+            _ => PagedScales::None,
+        }
+    }
+
+    /// Head `h`'s key and value scales, one per position (none for float rows; tests and
+    /// inspection).
+    pub fn scales_f32(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
+        fn f<S: KvElem>(p: &Pages<S>) -> Vec<f32> {
+            p.to_vec().iter().map(|x| x.to_f32()).collect()
+        }
+        match &self.heads {
+            Heads::V8(st) => (Vec::new(), f(&st.vs[h])),
+            Heads::Kv8(st) => (f(&st.ks[h]), f(&st.vs[h])),
+            _ => (Vec::new(), Vec::new()),
         }
     }
 
@@ -384,9 +494,14 @@ impl KvCache {
         with_store!(&mut self.heads, st => st.reserve(more, d))
     }
 
-    /// Bytes held, reserved room included.
+    /// Bytes held: every page, reserved room included.
     pub fn capacity_bytes(&self) -> usize {
-        with_store!(&self.heads, st => st.capacity_bytes())
+        with_store!(&self.heads, st => st.bytes(|p| p.capacity()))
+    }
+
+    /// Bytes of the positions stored.
+    pub fn used_bytes(&self) -> usize {
+        with_store!(&self.heads, st => st.bytes(|p| p.used()))
     }
 }
 
@@ -478,11 +593,17 @@ impl Session {
     }
 
     pub fn with_kv_dtype(cfg: &ModelConfig, dtype: KvDtype) -> Self {
+        Self::with_kv(cfg, dtype, DEFAULT_PAGE_ROWS)
+    }
+
+    /// A session whose KV caches are of `dtype`, in pages of `page_rows` positions.
+    pub fn with_kv(cfg: &ModelConfig, dtype: KvDtype, page_rows: usize) -> Self {
+        let (kvh, hd) = (cfg.num_kv_heads, cfg.head_dim);
         let layers = cfg
             .layer_kinds
             .iter()
             .map(|k| match k {
-                LayerKind::Attention => LayerState::Attn(KvCache::with_dtype(cfg.num_kv_heads, cfg.head_dim, dtype)),
+                LayerKind::Attention => LayerState::Attn(KvCache::paged(kvh, hd, dtype, page_rows)),
                 LayerKind::DeltaNet => {
                     let d = cfg.deltanet.as_ref().expect("DeltaNet layer without deltanet config");
                     LayerState::Delta(DeltaState {
@@ -509,6 +630,12 @@ impl Session {
                 }
             })
             .sum()
+    }
+
+    /// Bytes one position takes in all of a session's KV caches of `dtype`.
+    pub fn kv_bytes_per_position(cfg: &ModelConfig, dtype: KvDtype) -> usize {
+        let layers = cfg.layer_kinds.iter().filter(|k| matches!(k, LayerKind::Attention)).count();
+        layers * cfg.num_kv_heads * dtype.bytes_per_position(cfg.head_dim)
     }
 
     /// Set aside KV cache room for `more` positions past the current ones, so that decoding up
@@ -599,8 +726,9 @@ mod tests {
         assert_eq!(c.len(), 6);
         for h in 0..heads {
             let (gk, gv) = c.rows_f32(h);
-            let RowScales::F32(sc) = c.value_scales(h) else { panic!("v8 values have f32 scales") };
-            assert!(c.key_scales(h).is_none());
+            assert!(matches!(c.value_scales(h), PagedScales::F32(_)), "v8 values have f32 scales");
+            let (ks, sc) = c.scales_f32(h);
+            assert!(ks.is_empty() && matches!(c.key_scales(h), PagedScales::None));
             assert_eq!(sc.len(), 6);
             assert_eq!(sc[5], 0.0);
             for p in 0..5 {
@@ -618,10 +746,11 @@ mod tests {
         }
         // Truncation keeps codes and scales together; reserved room is counted.
         c.truncate(2);
-        assert_eq!((c.len(), c.value_scales(1).len()), (2, 2));
-        c.reserve(100);
-        assert!(c.capacity_bytes() >= heads * 102 * (2 * d + d + 4));
-        assert!(c.capacity_bytes() < heads * 102 * 4 * d);
+        assert_eq!((c.len(), c.scales_f32(1).1.len()), (2, 2));
+        c.reserve(300);
+        let pages = 302usize.div_ceil(DEFAULT_PAGE_ROWS);
+        assert_eq!(c.capacity_bytes(), heads * pages * DEFAULT_PAGE_ROWS * (2 * d + d + 4));
+        assert_eq!(c.used_bytes(), heads * 2 * (2 * d + d + 4));
         assert_eq!(KvDtype::parse("v8").unwrap(), KvDtype::V8);
         assert!(KvDtype::parse("q8").unwrap_err().to_string().contains("f32, f16, v8 or kv8"));
     }
@@ -653,10 +782,12 @@ mod tests {
         };
         for h in 0..heads {
             let (gk, gv) = c.rows_f32(h);
-            let (RowScales::F16(ks), RowScales::F16(vs)) = (c.key_scales(h), c.value_scales(h)) else {
-                panic!("kv8 keys and values have f16 scales")
-            };
-            let KvRows::I8(codes) = c.keys(h) else { panic!("kv8 keys are codes") };
+            assert!(matches!((c.key_scales(h), c.value_scales(h)), (PagedScales::F16(_), PagedScales::F16(_))));
+            let (ks, vs) = c.scales_f32(h);
+            let (ks, vs): (Vec<f16>, Vec<f16>) =
+                (ks.iter().map(|&x| f16::from_f32(x)).collect(), vs.iter().map(|&x| f16::from_f32(x)).collect());
+            let KvRows::I8(pages) = c.keys(h) else { panic!("kv8 keys are codes") };
+            let codes: Vec<i8> = pages.iter().flat_map(|p| p.iter().copied()).collect();
             assert_eq!((ks.len(), vs.len()), (7, 7));
             assert_eq!((ks[5].to_f32(), vs[5].to_f32()), (0.0, 0.0));
             assert_eq!((ks[6], vs[6]), (f16::MAX, f16::MAX));
@@ -699,12 +830,68 @@ mod tests {
         // Truncation keeps codes and scales together; reserved room is counted, 2·d + 4 bytes
         // a position and head.
         c.truncate(2);
-        assert_eq!((c.len(), c.key_scales(1).len(), c.value_scales(1).len()), (2, 2, 2));
-        c.reserve(100);
-        assert!(c.capacity_bytes() >= heads * 102 * KvDtype::Kv8.bytes_per_position(d));
-        assert!(c.capacity_bytes() < heads * 102 * KvDtype::V8.bytes_per_position(d));
+        let (ks, vs) = c.scales_f32(1);
+        assert_eq!((c.len(), ks.len(), vs.len()), (2, 2, 2));
+        c.reserve(300);
+        let pages = 302usize.div_ceil(DEFAULT_PAGE_ROWS);
+        assert_eq!(c.capacity_bytes(), heads * pages * DEFAULT_PAGE_ROWS * KvDtype::Kv8.bytes_per_position(d));
+        assert_eq!(c.used_bytes(), heads * 2 * KvDtype::Kv8.bytes_per_position(d));
         assert_eq!(KvDtype::Kv8.bytes_per_position(d), 2 * d + 4);
         assert_eq!(KvDtype::parse("kv8").unwrap(), KvDtype::Kv8);
         assert_eq!(KvDtype::Kv8.name(), "kv8");
+    }
+
+    #[test]
+    fn pages_grow_with_the_positions_and_are_returned_on_truncation() {
+        let (heads, d) = (2, 16);
+        let row = |p: usize| -> Vec<f32> { (0..heads * d).map(|j| ((p * 37 + j * 11) % 23) as f32 - 11.0).collect() };
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::V8, KvDtype::Kv8] {
+            let bpp = heads * dtype.bytes_per_position(d);
+            let whole = {
+                let mut c = KvCache::paged(heads, d, dtype, 1024);
+                let rows: Vec<f32> = (0..70).flat_map(row).collect();
+                c.push(&rows, &rows);
+                c
+            };
+            for page in [8usize, 16, 24] {
+                let mut c = KvCache::paged(heads, d, dtype, page);
+                assert_eq!(c.capacity_bytes(), 0);
+                // Rows in uneven pushes: the same stored values as one cache page.
+                let mut p = 0;
+                for n in [1usize, 9, 3, 20, 37] {
+                    let rows: Vec<f32> = (p..p + n).flat_map(row).collect();
+                    c.push(&rows, &rows);
+                    p += n;
+                    assert_eq!(c.capacity_bytes(), p.div_ceil(page) * page * bpp, "{dtype:?} page {page} at {p}");
+                    assert_eq!(c.used_bytes(), p * bpp);
+                }
+                for h in 0..heads {
+                    assert_eq!(c.rows_f32(h), whole.rows_f32(h), "{dtype:?} page {page} head {h}");
+                    assert_eq!(c.scales_f32(h), whole.scales_f32(h));
+                }
+                // A snapshot holds the pages in use; truncation returns the pages past the
+                // last kept row, and rows pushed again land where the old ones were.
+                let snap = c.clone();
+                c.truncate(page + 3);
+                assert_eq!(c.capacity_bytes(), 2 * page * bpp, "{dtype:?} page {page}");
+                let rows: Vec<f32> = (page + 3..70).flat_map(row).collect();
+                c.push(&rows, &rows);
+                for h in 0..heads {
+                    assert_eq!(c.rows_f32(h), snap.rows_f32(h), "{dtype:?} page {page} head {h}: pushed again");
+                    assert_eq!(c.scales_f32(h), snap.scales_f32(h));
+                }
+                // Reserved room is kept through truncation, released by the next reserve.
+                c.reserve(2 * page);
+                let reserved = c.capacity_bytes();
+                assert_eq!(reserved, (70 + 2 * page).div_ceil(page) * page * bpp);
+                c.truncate(5);
+                assert_eq!(c.capacity_bytes(), reserved);
+                c.reserve(0);
+                c.truncate(5);
+                assert_eq!(c.capacity_bytes(), page * bpp);
+                c.truncate(0);
+                assert_eq!((c.len(), c.capacity_bytes()), (0, page * bpp), "the room of the last reserve");
+            }
+        }
     }
 }

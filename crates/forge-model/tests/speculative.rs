@@ -112,8 +112,7 @@ fn assert_same_state(a: &Session, b: &Session, what: &str) {
                 assert_eq!(x.len(), y.len(), "{what}: layer {i} cached positions");
                 for h in 0..x.heads() {
                     assert!(x.rows_f32(h) == y.rows_f32(h), "{what}: layer {i} head {h} keys/values");
-                    assert!(x.key_scales(h) == y.key_scales(h), "{what}: layer {i} head {h} key scales");
-                    assert!(x.value_scales(h) == y.value_scales(h), "{what}: layer {i} head {h} value scales");
+                    assert!(x.scales_f32(h) == y.scales_f32(h), "{what}: layer {i} head {h} key and value scales");
                 }
             }
             (LayerState::Delta(x), LayerState::Delta(y)) => {

@@ -215,6 +215,8 @@ pub struct EngineStatus {
     pub cache_entries: AtomicUsize,
     pub cache_bytes: AtomicUsize,
     pub last: Mutex<Option<RunStats>>,
+    /// Positions in each slot's session now (0 when idle).
+    pub slot_positions: Box<[AtomicUsize]>,
 }
 
 pub enum SubmitError {
@@ -247,7 +249,8 @@ impl Engine {
         }
         anyhow::ensure!(config.parallel >= 1, "the engine needs at least one slot (parallel = 0)");
         let (tx, rx) = mpsc::channel::<Job>();
-        let status = Arc::new(EngineStatus::default());
+        let slot_positions = (0..config.parallel).map(|_| AtomicUsize::new(0)).collect();
+        let status = Arc::new(EngineStatus { slot_positions, ..EngineStatus::default() });
         let cache = Arc::new(Mutex::new(PromptCache::new(&model, config.cache_bytes, config.cache_entries)));
         let close_think = tokenizer.encode("\n</think>\n\n", false).context("tokenizing the thinking close")?;
         let has_draft = draft.is_some();
@@ -255,6 +258,7 @@ impl Engine {
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..config.parallel {
             let mut slot = Slot {
+                id: i,
                 target: scheduler.runner(0),
                 draft: has_draft.then(|| scheduler.runner(1)),
                 tok: tokenizer.clone(),
@@ -291,6 +295,7 @@ impl Engine {
 
 /// One request at a time, its forward passes through the scheduler.
 struct Slot {
+    id: usize,
     target: SlotRunner,
     draft: Option<SlotRunner>,
     tok: Arc<Tokenizer>,
@@ -344,6 +349,7 @@ impl Slot {
                 }
             }
             self.status.served.fetch_add(1, Ordering::SeqCst);
+            self.status.slot_positions[self.id].store(0, Ordering::Relaxed);
             let (n, bytes) = {
                 let c = self.cache();
                 (c.len(), c.bytes())
@@ -406,6 +412,7 @@ impl Slot {
         stats.prefill_s = (t_prefilled - t_start).as_secs_f64();
         stats.cached_tokens = pre.cached;
         let mut session = pre.session;
+        self.status.slot_positions[self.id].store(session.pos, Ordering::Relaxed);
         let mask = if p.penalties.dry_active() { Some(self.breaker_mask(&p.penalties.dry_breakers)) } else { None };
         let is_breaker = |t: u32| mask.as_ref().is_some_and(|m| m.get(t as usize).copied().unwrap_or(false));
         let tok = self.tok.clone();
@@ -470,6 +477,7 @@ impl Slot {
                 break;
             }
             stats.generated_tokens += 1;
+            self.status.slot_positions[self.id].store(dec.context().len(), Ordering::Relaxed);
             let piece = stream.push(id)?;
             if think.observe(&piece) {
                 stats.reasoning_tokens += 1;

@@ -56,6 +56,9 @@ pub struct App {
     pub vocab_size: usize,
     /// The KV cache type of the model's sessions.
     pub kv_dtype: forge_model::session::KvDtype,
+    /// KV cache bytes a position takes, and positions a cache page holds.
+    kv_position_bytes: usize,
+    kv_page_rows: usize,
     pub api_key: Option<String>,
     pub max_body: usize,
     started: Instant,
@@ -75,6 +78,8 @@ impl App {
         let vocab_size = model.cfg.vocab_size;
         let hybrid = model.is_hybrid();
         let kv_dtype = model.kv_dtype();
+        let kv_position_bytes = forge_model::Session::kv_bytes_per_position(&model.cfg, kv_dtype);
+        let kv_page_rows = model.kv_page_rows();
         let mut defaults = Defaults::for_model_type(&model_type);
         cfg.overrides.apply(&mut defaults);
         let ctx = cfg.engine.ctx.max(2);
@@ -88,6 +93,8 @@ impl App {
             model_type,
             vocab_size,
             kv_dtype,
+            kv_position_bytes,
+            kv_page_rows,
             api_key: cfg.api_key.filter(|k| !k.is_empty()),
             max_body: body_limit(ctx),
             started: Instant::now(),
@@ -237,11 +244,27 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         "active": st.active.load(Ordering::SeqCst),
         "batching": batching_json(&app.engine.scheduler.stats),
         "served": st.served.load(Ordering::SeqCst),
+        "kv_cache": kv_cache_json(&app),
         "prompt_cache": {"entries": st.cache_entries.load(Ordering::SeqCst), "bytes": st.cache_bytes.load(Ordering::SeqCst)},
         "last": last.as_ref().map(stats_json),
         "uptime_s": app.started.elapsed().as_secs_f64(),
     }))
     .into_response()
+}
+
+/// The KV caches of the requests being served: bytes of the positions they hold, and of the
+/// pages holding them (the cache grows a page at a time).
+fn kv_cache_json(app: &App) -> Json {
+    let positions: Vec<usize> = app.engine.status.slot_positions.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+    let page = app.kv_page_rows.max(1);
+    let used: usize = positions.iter().sum();
+    let held: usize = positions.iter().map(|p| p.div_ceil(page) * page).sum();
+    json!({
+        "positions": used,
+        "used_bytes": used * app.kv_position_bytes,
+        "reserved_bytes": held * app.kv_position_bytes,
+        "page_positions": page,
+    })
 }
 
 fn batching_json(s: &crate::batch::SchedStats) -> Json {

@@ -139,6 +139,10 @@ fn prompt_cache_reuses_the_conversation() {
     let h = get(addr(), "/health", None).json();
     assert!(h["prompt_cache"]["entries"].as_u64().unwrap() >= 2, "{h}");
     assert_eq!(h["last"]["cached_tokens"].as_u64(), Some(p2 - 1));
+    // Every request done: no KV cache held by a request (the prompt cache's are counted there).
+    let kv = &h["kv_cache"];
+    assert_eq!((kv["positions"].as_u64(), kv["used_bytes"].as_u64()), (Some(0), Some(0)), "{h}");
+    assert_eq!(kv["page_positions"].as_u64(), Some(256), "{h}");
 }
 
 #[test]
