@@ -160,6 +160,8 @@ pub fn run(model: &Model, b: &FillBench, probe: &Probe) -> Result<()> {
         Ok((rates, split))
     })?;
     let decode = median(rates.clone());
+    // The machine's read rate next to the runs, for attention's share of it.
+    let probe_gb_s = median((0..5).map(|_| probe.pass()).collect());
     let (mut kv, mut kv_used, mut recurrent) = (0usize, 0usize, 0usize);
     for l in &sess.layers {
         match l {
@@ -190,6 +192,7 @@ pub fn run(model: &Model, b: &FillBench, probe: &Probe) -> Result<()> {
             "decode_split_ms_per_token": split.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "attention_share": attn_ms / total_ms.max(1e-12),
             "attention_history_gb_s": (attn_ms > 0.0).then(|| history_bytes / (attn_ms * 1e-3) / 1e9),
+            "probe_gb_s": probe_gb_s,
             "peak_rss_bytes": peak,
             "memory_bytes": { "kv_cache": kv, "kv_cache_used": kv_used, "recurrent_state": recurrent },
         });
@@ -207,10 +210,11 @@ pub fn run(model: &Model, b: &FillBench, probe: &Probe) -> Result<()> {
             split.iter().map(|(k, v)| format!("{k} {v:.2} ms ({:.0} %)", 100.0 * v / total_ms.max(1e-12))).collect();
         println!("decode split     {} per token", parts.join(", "));
         if attn_ms > 0.0 {
+            let gbs = history_bytes / (attn_ms * 1e-3) / 1e9;
             println!(
-                "attention        reads {:.1} MiB of history a token: {:.2} GB/s",
+                "attention        reads {:.1} MiB of history a token: {gbs:.2} GB/s, {:.0} % of the read bandwidth ({probe_gb_s:.2} GB/s, median of 5 probes)",
                 history_bytes / (1 << 20) as f64,
-                history_bytes / (attn_ms * 1e-3) / 1e9
+                100.0 * gbs / probe_gb_s
             );
         }
         println!(

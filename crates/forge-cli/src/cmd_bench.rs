@@ -126,7 +126,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let split = decode_split(model, &a)?;
     let page_rates = part_page_rates(model, 5);
-    let mem = memory(model, &fast.session);
+    let mem = fast.memory;
     let eff = |tok_s: f64| bytes_per_token as f64 * tok_s / 1e9;
     // Each paired token's weight bytes over its time, against the mean of the probe passes
     // just before and just after it.
@@ -295,7 +295,9 @@ struct Speeds {
     weights_bw: Vec<f64>,
     /// Heap allocations per token in the timed decode loops.
     allocs_per_token: f64,
-    session: Session,
+    /// Memory after the last timed run (its session dropped before the next is made, so that
+    /// peak RSS counts one session's caches).
+    memory: Memory,
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
@@ -333,13 +335,13 @@ fn measure(model: &Model, a: &Args, probe: Option<(&Probe, &WeightProbe)>) -> Re
     // handed to the pool from outside (and each run warming another worker's scratch).
     let (p, d, paired, bw, wbw, allocs, last) = rayon::scope(|_| -> Result<_> {
         once(4)?;
-        let (mut p, mut d, mut allocs, mut last) = (Vec::new(), Vec::new(), 0, None);
+        let (mut p, mut d, mut allocs, mut last): (_, _, _, Option<Memory>) = (Vec::new(), Vec::new(), 0, None);
         for _ in 0..a.repeats.max(1) {
             let (pf, dc, n, sess) = once(a.gen_tokens)?;
             p.push(pf);
             d.push(dc);
             allocs += n;
-            last = Some(sess);
+            last = Some(memory(model, &sess));
         }
         let (mut paired, mut bw, mut wbw) = (Vec::new(), Vec::new(), Vec::new());
         if let Some((probe, wprobe)) = probe {
@@ -372,7 +374,7 @@ fn measure(model: &Model, a: &Args, probe: Option<(&Probe, &WeightProbe)>) -> Re
         bandwidth: bw,
         weights_bw: wbw,
         allocs_per_token: allocs as f64 / tokens,
-        session: last.expect("one repeat"),
+        memory: last.expect("one repeat"),
     })
 }
 

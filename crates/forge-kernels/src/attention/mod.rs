@@ -19,6 +19,8 @@ use half::f16;
 /// An element of a key/value cache: f32, or f16 (half the bytes to read per token, converted to
 /// f32 exactly as it is loaded; every product and sum stays f32).
 pub trait KvElem: Copy + Send + Sync + 'static {
+    /// Stored as f32 already: nothing to widen, rows are read in place.
+    const IS_F32: bool = false;
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
     /// `q · row`.
@@ -34,6 +36,7 @@ pub trait KvElem: Copy + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
+    const IS_F32: bool = true;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -203,6 +206,11 @@ pub struct History<'a, K: KvElem = f32, V: KvElem = K> {
     pub stride: usize,
     pub offset: usize,
 }
+
+/// Floats of the L1 buffer the AVX2 kernels widen a block of f16 or int8 rows into (8 KiB: eight
+/// key rows of up to 256 values, or 32 value rows of 64 columns).
+#[cfg(target_arch = "x86_64")]
+const STAGE: usize = 2048;
 
 /// Fewest history rows in a part (see [`part_len`]).
 const MIN_PART: usize = 32;
@@ -535,6 +543,12 @@ unsafe fn scores_avx2<T: KvElem, V: KvElem>(
     use std::arch::x86_64::*;
     let g = q.len() / d;
     let kp = keys.as_ptr().add(offset);
+    // With several heads, eight widened key rows are written once to an L1 buffer that every
+    // head then reads, instead of each head widening them again (at the 27B shape's six heads
+    // a group, widening was most of the work). The products are the same f32 ones either way.
+    let mut staged = [std::mem::MaybeUninit::<f32>::uninit(); STAGE];
+    let stage = g > 1 && !T::IS_F32 && 8 * d <= STAGE;
+    let sp = staged.as_mut_ptr() as *mut f32;
     let mut j = 0;
     while j + 8 <= n {
         if let Some((values, dv)) = ahead {
@@ -552,13 +566,22 @@ unsafe fn scores_avx2<T: KvElem, V: KvElem>(
                 }
             }
         }
+        if stage {
+            for r in 0..8 {
+                for c in (0..d).step_by(8) {
+                    _mm256_storeu_ps(sp.add(r * d + c), T::load8(kp.add((j + r) * stride + c)));
+                }
+            }
+        }
         for h in 0..g {
             let qp = q.as_ptr().add(h * d);
             let mut acc = [_mm256_setzero_ps(); 8];
             for c in (0..d).step_by(8) {
                 let qv = _mm256_loadu_ps(qp.add(c));
                 for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, T::load8(kp.add((j + r) * stride + c)), *a);
+                    let k =
+                        if stage { _mm256_loadu_ps(sp.add(r * d + c)) } else { T::load8(kp.add((j + r) * stride + c)) };
+                    *a = _mm256_fmadd_ps(qv, k, *a);
                 }
             }
             // Horizontal sums of the eight accumulators: lane r of the result is key j + r.
@@ -607,10 +630,21 @@ unsafe fn values_avx2<T: KvElem>(
     let dv = out.len() / g.max(1);
     let vp = values.as_ptr().add(offset);
     let block = if g == 1 { rn.max(1) } else { 32 };
+    // As for the keys: a block's widened value columns written once for all heads.
+    let mut staged = [std::mem::MaybeUninit::<f32>::uninit(); STAGE];
+    let stage = g > 1 && !T::IS_F32 && 32 * 64 <= STAGE;
+    let sp = staged.as_mut_ptr() as *mut f32;
     for c0 in (0..dv).step_by(64) {
         let w = (dv - c0).min(64) / 8;
         for j0 in (0..rn).step_by(block) {
             let j1 = (j0 + block).min(rn);
+            if stage {
+                for j in j0..j1 {
+                    for k in 0..w {
+                        _mm256_storeu_ps(sp.add((j - j0) * 64 + 8 * k), T::load8(vp.add(j * stride + c0 + 8 * k)));
+                    }
+                }
+            }
             for h in 0..g {
                 let o = out.as_mut_ptr().add(h * dv + c0);
                 let mut acc = [_mm256_setzero_ps(); 8];
@@ -621,7 +655,12 @@ unsafe fn values_avx2<T: KvElem>(
                     let pv = _mm256_set1_ps(p[h * n + col + j]);
                     let row = vp.add(j * stride + c0);
                     for (k, a) in acc.iter_mut().enumerate().take(w) {
-                        *a = _mm256_fmadd_ps(pv, T::load8(row.add(8 * k)), *a);
+                        let v = if stage {
+                            _mm256_loadu_ps(sp.add((j - j0) * 64 + 8 * k))
+                        } else {
+                            T::load8(row.add(8 * k))
+                        };
+                        *a = _mm256_fmadd_ps(pv, v, *a);
                     }
                 }
                 for (k, a) in acc.iter().enumerate().take(w) {
