@@ -140,7 +140,7 @@ fn load_and_tokenize(model: &str, setup: &EvalSetup) -> Result<(Loaded, EvalText
     // Read the text before the model so a bad spec fails fast.
     let bytes = setup.text.read()?;
     let mut loaded = forge_model::load::load(&path)?;
-    crate::configure(&mut loaded.model);
+    crate::configure_exact(&mut loaded.model);
     let text = eval::tokenize(loaded.tokenizer()?, bytes)?;
     if text.unrepresentable > 0 {
         eprintln!(
@@ -198,7 +198,7 @@ fn run_reference(a: RefArgs) -> Result<()> {
 fn load_candidate(path: &Path, filter: &PartFilter) -> Result<Loaded> {
     if filter.is_all() {
         let mut loaded = forge_model::load::load(path)?;
-        crate::configure(&mut loaded.model);
+        crate::configure_exact(&mut loaded.model);
         return Ok(loaded);
     }
     if !forge_model::export::is_export(path) {
@@ -216,7 +216,7 @@ fn load_candidate(path: &Path, filter: &PartFilter) -> Result<Loaded> {
         }
     })?;
     loaded.path = path.to_path_buf();
-    crate::configure(&mut loaded.model);
+    crate::configure_exact(&mut loaded.model);
     Ok(loaded)
 }
 

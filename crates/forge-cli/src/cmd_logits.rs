@@ -33,7 +33,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("{}: no token ids", a.tokens.display());
     }
     let mut model = forge_model::load::load(&path)?.model;
-    crate::configure(&mut model);
+    crate::configure_exact(&mut model);
     let v = model.cfg.vocab_size;
     if let Some(&bad) = toks.iter().find(|&&t| t as usize >= v) {
         bail!("{}: token id {bad} is out of range for vocabulary size {v}", a.tokens.display());

@@ -52,12 +52,12 @@ struct Cli {
     /// kernels run: AVX-512 VNNI and VBMI).
     #[arg(long, global = true, default_value = "auto")]
     prefill: String,
-    /// How KV caches store keys and values: f32 (default) or f16, which halves the bytes
-    /// attention reads per token (decode 1.06× at 512 tokens of context on SmolLM2) and rounds
-    /// each key and value once (SmolLM2's log-probs move by up to ~2e-2; llama.cpp's default),
-    /// or v8 (ANEMLL Forge's V8 cache: f16 keys, 8-bit values with a scale per position and head;
-    /// 3/8 of f32's bytes), or kv8 (ANEMLL Forge's KV8 cache: 8-bit keys and values, each with an
-    /// f16 scale per position and head; 2 × head_dim + 4 bytes a position and head).
+    /// How KV caches store keys and values: kv8 (ANEMLL Forge's KV8 cache: 8-bit keys and
+    /// values, each with an f16 scale per position and head; 2 × head_dim + 4 bytes a position
+    /// and head; the default of generate, chat, serve, bench and calib: its KL cost over f16 is
+    /// 2.5e-4 on SmolLM2), f32 (the default of logits and eval, whose references must carry no
+    /// cache rounding), f16 (llama.cpp's default cache), or v8 (ANEMLL Forge's V8 cache: f16
+    /// keys, 8-bit values with a scale per position and head).
     #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16", "v8", "kv8"])]
     kv_cache_dtype: Option<String>,
     /// Prompts longer than this run through the model this many tokens at a time, so that
@@ -127,12 +127,22 @@ fn no_verify() -> bool {
     NO_VERIFY.get().copied().unwrap_or(false)
 }
 
-/// `--kv-cache-dtype`, set once from the command line before any command runs: the commands
-/// give it to the models they load ([`forge_model::Model::set_kv_dtype`]) and to drafters.
-static KV_DTYPE: std::sync::OnceLock<forge_model::session::KvDtype> = std::sync::OnceLock::new();
+/// `--kv-cache-dtype` as given, set once from the command line before any command runs: the
+/// commands give it to the models they load ([`forge_model::Model::set_kv_dtype`]) and to
+/// drafters.
+static KV_DTYPE: std::sync::OnceLock<Option<forge_model::session::KvDtype>> = std::sync::OnceLock::new();
 
+/// The KV cache type of the commands that generate (generate, chat, serve, bench, calib): as
+/// given, else KV8, whose KL cost over f16 on SmolLM2 at 2048-token windows (2.5e-4,
+/// docs/results.md) is far below what a user would notice, at a quarter of f32's memory.
 fn kv_dtype() -> forge_model::session::KvDtype {
-    KV_DTYPE.get().copied().unwrap_or_default()
+    KV_DTYPE.get().copied().flatten().unwrap_or(forge_model::session::KvDtype::Kv8)
+}
+
+/// The KV cache type of the commands that measure a model (logits, eval): as given, else f32,
+/// so that a reference carries no cache rounding.
+fn kv_dtype_exact() -> forge_model::session::KvDtype {
+    KV_DTYPE.get().copied().flatten().unwrap_or_default()
 }
 
 /// `--prefill-chunk`, set once from the command line (`None`: the default of each command).
@@ -147,6 +157,12 @@ fn prefill_chunk() -> Option<usize> {
 fn configure(m: &mut forge_model::Model) {
     m.set_kv_dtype(kv_dtype());
     m.set_prefill_chunk(prefill_chunk().unwrap_or(0));
+}
+
+/// [`configure`] for the commands that measure a model: f32 caches unless told otherwise.
+fn configure_exact(m: &mut forge_model::Model) {
+    configure(m);
+    m.set_kv_dtype(kv_dtype_exact());
 }
 
 fn main() {
@@ -179,7 +195,7 @@ fn main() {
     if cli.avx512_256 {
         forge_kernels::lutmm::intdot::set_wide(false);
     }
-    match forge_model::session::KvDtype::parse(cli.kv_cache_dtype.as_deref().unwrap_or("f32")) {
+    match cli.kv_cache_dtype.as_deref().map(forge_model::session::KvDtype::parse).transpose() {
         Ok(d) => KV_DTYPE.set(d).expect("set once"),
         Err(e) => {
             eprintln!("forge: {e}");

@@ -277,8 +277,9 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
         assert!(runs.iter().all(|v| v.as_f64().unwrap() > 0.0), "{k}: {out}");
     }
     assert!(num("weights_read_gb_s") > 0.0 && num("weights_read_fraction") > 0.0, "{out}");
-    // An f16 KV cache holds the same positions in half the bytes.
-    assert_eq!(j["kv_cache_dtype"], "f32", "{out}");
+    // `bench` runs KV8 caches unless told otherwise; an f16 cache holds the same positions in
+    // half of f32's bytes.
+    assert_eq!(j["kv_cache_dtype"], "kv8", "{out}");
     let d = dir.to_str().unwrap();
     // `forge bench --json` with a KV cache type; it must report that type.
     let bench_kv = |dtype: &str| -> serde_json::Value {
@@ -290,7 +291,7 @@ fn bench_json_on_the_synthetic_export_reports_speed_bandwidth_memory_and_allocat
         assert_eq!(jd["kv_cache_dtype"], dtype, "{out}");
         jd
     };
-    let j16 = bench_kv("f16");
+    let (j, j16) = (bench_kv("f32"), bench_kv("f16"));
     let kv = |j: &serde_json::Value| j["memory_bytes"]["kv_cache"].as_f64().unwrap();
     assert_eq!(2.0 * kv(&j16), kv(&j), "{j16}");
     // v8: f16 keys, byte values and a 4-byte scale per position and head: between 3/8 of f32's
