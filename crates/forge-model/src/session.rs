@@ -234,25 +234,14 @@ impl<K: Stored, V: Stored, S: KvElem> Store<K, V, S> {
         )
     }
 
-    fn bytes(&self, of: impl Fn(&dyn PagesBytes) -> usize) -> usize {
-        let k: usize = self.k.iter().map(|c| of(c)).sum();
-        let v: usize = self.v.iter().map(|c| of(c)).sum();
-        let s: usize = self.ks.iter().chain(&self.vs).map(|c| of(c)).sum();
-        k + v + s
-    }
-}
-
-/// Bytes of a [`Pages`] of any element type.
-trait PagesBytes {
-    fn capacity(&self) -> usize;
-    fn used(&self) -> usize;
-}
-impl<T: KvElem> PagesBytes for Pages<T> {
-    fn capacity(&self) -> usize {
-        self.capacity_bytes()
-    }
-    fn used(&self) -> usize {
-        self.used_bytes()
+    /// Bytes of every page held, and of the elements stored.
+    fn bytes(&self) -> (usize, usize) {
+        let (mut held, mut used) = (0, 0);
+        let mut add = |c: usize, u: usize| (held, used) = (held + c, used + u);
+        self.k.iter().for_each(|p| add(p.capacity_bytes(), p.used_bytes()));
+        self.v.iter().for_each(|p| add(p.capacity_bytes(), p.used_bytes()));
+        self.ks.iter().chain(&self.vs).for_each(|p| add(p.capacity_bytes(), p.used_bytes()));
+        (held, used)
     }
 }
 
@@ -279,7 +268,6 @@ pub struct KvCache {
     key_signs: Vec<f32>,
     /// One position's rotated keys, kept for the next push.
     scratch: Vec<f32>,
-    page_rows: usize,
 }
 
 /// Fixed ±1 signs for the KV8 keys' rotation (a seeded SplitMix64 stream; any fixed choice keeps
@@ -356,7 +344,7 @@ impl KvCache {
         // codes; rotated, every channel carries a share of each.
         let key_signs =
             if dtype == KvDtype::Kv8 && head_dim.is_power_of_two() { rotation_signs(head_dim) } else { Vec::new() };
-        KvCache { heads: heads_of(heads), n_heads: heads, head_dim, key_signs, scratch: Vec::new(), page_rows }
+        KvCache { heads: heads_of(heads), n_heads: heads, head_dim, key_signs, scratch: Vec::new() }
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -373,9 +361,9 @@ impl KvCache {
         with_store!(&self.heads, st => st.k.first().map_or(0, |k| k.len / self.head_dim.max(1)))
     }
 
-    /// Positions a page holds.
+    /// Positions a page holds (the scale pages hold one element a position, whatever the type).
     pub fn page_rows(&self) -> usize {
-        self.page_rows
+        with_store!(&self.heads, st => st.ks.first().map_or(DEFAULT_PAGE_ROWS, |p| p.per_page))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -496,12 +484,12 @@ impl KvCache {
 
     /// Bytes held: every page, reserved room included.
     pub fn capacity_bytes(&self) -> usize {
-        with_store!(&self.heads, st => st.bytes(|p| p.capacity()))
+        with_store!(&self.heads, st => st.bytes().0)
     }
 
     /// Bytes of the positions stored.
     pub fn used_bytes(&self) -> usize {
-        with_store!(&self.heads, st => st.bytes(|p| p.used()))
+        with_store!(&self.heads, st => st.bytes().1)
     }
 }
 
