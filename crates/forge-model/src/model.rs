@@ -796,7 +796,7 @@ impl Model {
             let items = t * kvh;
             let per = items.div_ceil(16 * threads);
             // A token's history is attended a part at a time (`attend_group`): the scores of one
-            // part, a sixteenth of the longest history, are all a task holds.
+            // part, a sixteenth of the longest history (at most 1,024 rows), are all a task holds.
             let ssize = group * part_len(pos0 + t);
             let mut scores = Buf::for_overwrite(items.div_ceil(per) * ssize);
             par_chunks2_mut(out, per * gsize, &mut scores, ssize, &|k, o, sc| {

@@ -9,7 +9,11 @@
 //! A history may lie in pages ([`PagedHistory`]): a part is then taken page by page, with the
 //! bits of the same rows held in one piece.
 
+mod int_keys;
+mod int_values;
 mod paged;
+#[cfg(target_arch = "x86_64")]
+mod values512;
 pub use paged::{PagedHistory, PagedScales};
 
 use crate::act::softmax;
@@ -33,6 +37,17 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// AVX2 and F16C must be present and eight elements readable at `p`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Sixteen elements at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present and sixteen elements readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// The elements as int8 codes, where they are (the KV8 cache's keys, scored in integers).
+    fn codes(x: &[Self]) -> Option<&[i8]> {
+        let _ = x;
+        None
+    }
 }
 
 impl KvElem for f32 {
@@ -56,6 +71,12 @@ impl KvElem for f32 {
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: eight f32 are readable at `p` (the caller's contract).
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: sixteen f32 are readable at `p` and AVX-512 F is present (the caller's contract).
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
 }
 
@@ -83,6 +104,14 @@ impl KvElem for f16 {
         // contract).
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: sixteen f16 (32 bytes) are readable at `p` and AVX-512 F is present (the
+        // caller's contract).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
 }
 
 impl KvElem for i8 {
@@ -107,6 +136,17 @@ impl KvElem for i8 {
         use std::arch::x86_64::*;
         // SAFETY: eight bytes are readable at `p` and AVX2 is present (the caller's contract).
         unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const i8) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: sixteen bytes are readable at `p` and AVX-512 F is present (the caller's
+        // contract).
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+    }
+    fn codes(x: &[i8]) -> Option<&[i8]> {
+        Some(x)
     }
 }
 
@@ -214,7 +254,10 @@ const STAGE: usize = 2048;
 
 /// Fewest history rows in a part (see [`part_len`]).
 const MIN_PART: usize = 32;
-/// Most parts a history is cut into.
+/// Most rows in a part: a part's value rows, asked for while its keys are scored, are still in
+/// L2 when they are summed (1,024 rows of the 27B shape's KV8 heads are 256 KiB of values).
+const MAX_PART: usize = 1024;
+/// Parts a history is cut into up to `MAX_PARTS · MAX_PART` rows.
 const MAX_PARTS: usize = 16;
 
 impl<K: KvElem, V: KvElem> Clone for History<'_, K, V> {
@@ -226,10 +269,11 @@ impl<K: KvElem, V: KvElem> Copy for History<'_, K, V> {}
 
 /// Rows per part when attention over a history of `n` rows is cut into parts that workers take
 /// separately ([`attend_part`], then [`merge_parts`]): a multiple of eight (the keys are scored
-/// eight at a time), at least 32, at most 16 parts. It depends on `n` alone, so a query gives
-/// the same bits however the work is spread (decode, verify or prefill, any thread count).
+/// eight at a time), at least 32 and at most 1,024 rows, at most 16 parts up to 16,384 rows. It
+/// depends on `n` alone, so a query gives the same bits however the work is spread (decode,
+/// verify or prefill, any thread count).
 pub fn part_len(n: usize) -> usize {
-    n.div_ceil(MAX_PARTS).next_multiple_of(8).max(MIN_PART)
+    n.div_ceil(MAX_PARTS).next_multiple_of(8).clamp(MIN_PART, MAX_PART)
 }
 
 /// How many parts a history of `n` rows is cut into (one for an empty history).
@@ -388,62 +432,97 @@ pub fn attend_rows<'a, K: KvElem, V: KvElem>(
             })
         })
     };
-    // Scores, the key scales on them (before the statistics, which are of the scores).
-    for (r, col) in runs() {
-        if simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2/FMA/F16C are present; the run's rows were checked above (r.n rows of
-            // `stride`, `d` / `dv` values at `offset`, also those asked for ahead), `scores`
-            // holds g·n values and the run writes columns col..col + r.n of each head's n.
-            unsafe {
-                scores_avx2(
-                    q,
-                    d,
-                    r.keys,
-                    r.n,
-                    r.stride,
-                    r.offset,
-                    scale,
-                    scores,
-                    n,
-                    col,
-                    ahead.then_some((r.values, dv)),
-                )
-            };
-        } else {
-            for h in 0..g {
-                let qh = &q[h * d..(h + 1) * d];
-                for (jj, s) in scores[h * n + col..h * n + col + r.n].iter_mut().enumerate() {
-                    let k0 = jj * r.stride + r.offset;
-                    *s = K::dot(qh, &r.keys[k0..k0 + d]) * scale;
+    // Scores, the key scales on them (before the statistics, which are of the scores). Int8
+    // keys are scored in integers against the query as 16-bit codes (see `int_keys`).
+    let score_runs = |qc: Option<&int_keys::QueryCodes>, scores: &mut [f32]| {
+        for (r, col) in runs() {
+            if let (Some(qc), Some(codes)) = (qc, K::codes(r.keys)) {
+                let vals = &r.values[r.offset..];
+                let ahead = (cfg!(target_arch = "x86_64") && ahead)
+                    .then(|| (vals.as_ptr() as *const u8, r.stride * size_of::<V>(), dv * size_of::<V>()));
+                int_keys::scores(qc, codes, r.n, r.stride, r.offset, scores, n, col, ahead);
+            } else if simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2/FMA/F16C are present; the run's rows were checked above (r.n rows
+                // of `stride`, `d` / `dv` values at `offset`, also those asked for ahead),
+                // `scores` holds g·n values and the run writes columns col..col + r.n of each
+                // head's n.
+                unsafe {
+                    scores_avx2(
+                        q,
+                        d,
+                        r.keys,
+                        r.n,
+                        r.stride,
+                        r.offset,
+                        scale,
+                        scores,
+                        n,
+                        col,
+                        ahead.then_some((r.values, dv)),
+                    )
+                };
+            } else {
+                for h in 0..g {
+                    let qh = &q[h * d..(h + 1) * d];
+                    for (jj, s) in scores[h * n + col..h * n + col + r.n].iter_mut().enumerate() {
+                        let k0 = jj * r.stride + r.offset;
+                        *s = K::dot(qh, &r.keys[k0..k0 + d]) * scale;
+                    }
+                }
+            }
+            if !r.key_scales.is_none() {
+                for h in 0..g {
+                    r.key_scales.apply(&mut scores[h * n + col..h * n + col + r.n]);
                 }
             }
         }
-        if !r.key_scales.is_none() {
-            for h in 0..g {
-                r.key_scales.apply(&mut scores[h * n + col..h * n + col + r.n]);
-            }
-        }
+    };
+    if K::codes(&[]).is_some() {
+        int_keys::with_query_codes(q, d, scale, |qc| score_runs(qc, scores));
+    } else {
+        score_runs(None, scores);
     }
     for h in 0..g {
         (stats[2 * h], stats[2 * h + 1]) = exp_shifted(&mut scores[h * n..(h + 1) * n]);
     }
     // Value scales onto the weights (after the statistics, which are of the weights alone),
     // then the weighted values, run after run into one sum per column.
-    out.iter_mut().for_each(|o| *o = 0.0);
     for (r, col) in runs() {
         if !r.value_scales.is_none() {
             for h in 0..g {
                 r.value_scales.apply(&mut scores[h * n + col..h * n + col + r.n]);
             }
         }
+    }
+    out.iter_mut().for_each(|o| *o = 0.0);
+    // Int8 values are summed in integers against the weights as 16-bit codes (`int_values`).
+    if V::codes(&[]).is_some() {
+        let done = int_values::with_int_values(|iv| {
+            if !iv.prepare(scores, g, n, dv, int_values::lanes(dv)) {
+                return false;
+            }
+            for (r, col) in runs() {
+                let codes = V::codes(r.values).expect("int8 values");
+                int_values::add_run(iv, col, r.n, codes, r.stride, r.offset, out);
+            }
+            true
+        });
+        if done {
+            return;
+        }
+    }
+    for (r, col) in runs() {
         if simd {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for the scores: AVX2/FMA/F16C present, the run's value rows checked,
-            // `scores` holds g rows of n weights and `out` g·dv values.
-            unsafe {
-                values_avx2(scores, g, n, col, r.n, r.values, r.stride, r.offset, out)
-            };
+            if dv.is_multiple_of(16) && crate::simd::has_avx512f() {
+                // SAFETY: as for the scores, with AVX-512 F present and `dv` a multiple of 16.
+                unsafe { values512::values_avx512(scores, g, n, col, r.n, r.values, r.stride, r.offset, out) };
+            } else {
+                // SAFETY: as for the scores: AVX2/FMA/F16C present, the run's value rows
+                // checked, `scores` holds g rows of n weights and `out` g·dv values.
+                unsafe { values_avx2(scores, g, n, col, r.n, r.values, r.stride, r.offset, out) };
+            }
         } else {
             for h in 0..g {
                 let oh = &mut out[h * dv..(h + 1) * dv];

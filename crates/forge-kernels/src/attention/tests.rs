@@ -52,7 +52,8 @@ fn grouped_heads_match_one_head_at_a_time() {
 fn parts_cover_the_history_once() {
     for n in (0..600).chain([1000, 4095, 4096, 4097, 100_000]) {
         let (len, parts) = (part_len(n), n_parts(n));
-        assert!(len % 8 == 0 && len >= MIN_PART && (1..=MAX_PARTS).contains(&parts), "n={n}: {parts} parts of {len}");
+        assert!(len % 8 == 0 && (MIN_PART..=MAX_PART).contains(&len), "n={n}: {parts} parts of {len}");
+        assert!(parts >= 1 && (parts <= MAX_PARTS || len == MAX_PART), "n={n}: {parts} parts of {len}");
         let (keys, values) = (vec![0f32; n.max(1)], vec![0f32; n.max(1)]);
         let kv = hist(&keys, &values, n, 1, 0);
         let rows: Vec<usize> = (0..parts).map(|p| kv.part(p).n).collect();
@@ -164,14 +165,17 @@ fn int8_values_with_row_scales_attend_as_their_dequantized_values() {
         };
         attend_group(&q, d, v8, 0.1, &mut s, &mut a);
         attend_group(&q, d, hist(&k32, &deq, n, d, 0), 0.1, &mut s, &mut b);
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "d={d} g={g} n={n}: {x} vs {y}");
-        }
         for h in 0..g {
+            // The values' 16-bit weights (`int_values`) on top of float rounding.
+            let qh = &q[h * d..(h + 1) * d];
+            let weights = value_weight_rounding(qh, &k32, &codes, &scales, n, d, 0, 0.1);
             let mut want = vec![0f32; d];
-            attend_ref(&q[h * d..(h + 1) * d], v8, 0.1, &mut want);
-            for (x, y) in a[h * d..(h + 1) * d].iter().zip(&want) {
-                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "d={d} g={g} n={n} head {h}: {x} vs {y}");
+            attend_ref(qh, v8, 0.1, &mut want);
+            for c in 0..d {
+                let (x, y, z) = (a[h * d + c], b[h * d + c], want[c]);
+                let tol = 1e-5 * (1.0 + y.abs()) + weights[c];
+                assert!((x - y).abs() <= tol, "d={d} g={g} n={n} head {h} [{c}]: {x} vs {y} (f32 history)");
+                assert!((x - z).abs() <= tol, "d={d} g={g} n={n} head {h} [{c}]: {x} vs {z} (definition)");
             }
         }
     }
@@ -200,11 +204,14 @@ fn int8_values_with_row_scales_attend_as_their_dequantized_values() {
     assert!(a.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-4));
 }
 
-/// How far float rounding of the scores may move each output channel: to first order,
+/// How far the rounding of the scores may move each output channel: to first order,
 /// d out_c / d s_j = p_j (v_jc − out_c), with each score off by up to 2ε·scale·Σ_i |q_i k_ji|
 /// between two summation orders (the kernels' lanes against the reference's; the measured
-/// difference stays under half that). Large keys (KV8 rows with big scales) make sharp
+/// difference stays under half that), plus, where the keys are int8 codes scored against the
+/// query as 16-bit codes (`int_keys`), `scale · Σ_i |k_ji| · q_step / 2` for the query's
+/// rounding (`q_step = max|q| / 32767`). Large keys (KV8 rows with big scales) make sharp
 /// softmaxes whose outputs differ between summation orders by more than a fixed tolerance.
+#[allow(clippy::too_many_arguments)]
 fn score_rounding_sensitivity(
     q: &[f32],
     keys: &[f32],
@@ -213,27 +220,55 @@ fn score_rounding_sensitivity(
     stride: usize,
     offset: usize,
     scale: f32,
+    q_step: f32,
 ) -> Vec<f32> {
     let d = q.len();
     let at = |j: usize| j * stride + offset..j * stride + offset + d;
-    let (mut s, mut mag) = (vec![0f64; n], vec![0f64; n]);
+    let eps = 2.0 * f32::EPSILON as f64;
+    let (mut s, mut err) = (vec![0f64; n], vec![0f64; n]);
     for j in 0..n {
         for (a, b) in q.iter().zip(&keys[at(j)]) {
             s[j] += (*a as f64) * (*b as f64) * scale as f64;
-            mag[j] += ((*a as f64) * (*b as f64)).abs() * scale as f64;
+            err[j] += ((*a as f64) * (*b as f64)).abs() * scale as f64 * eps
+                + (*b as f64).abs() * scale as f64 * q_step as f64 / 2.0;
         }
     }
     let top = s.iter().cloned().fold(f64::MIN, f64::max);
     let e: Vec<f64> = s.iter().map(|x| (x - top).exp()).collect();
     let z: f64 = e.iter().sum();
-    let eps = 2.0 * f32::EPSILON as f64;
     (0..d)
         .map(|c| {
             let out: f64 = (0..n).map(|j| e[j] / z * values[at(j)][c] as f64).sum();
-            let t: f64 = (0..n).map(|j| e[j] / z * (values[at(j)][c] as f64 - out).abs() * eps * mag[j]).sum();
+            let t: f64 = (0..n).map(|j| e[j] / z * (values[at(j)][c] as f64 - out).abs() * err[j]).sum();
             t as f32
         })
         .collect()
+}
+
+/// How far the 16-bit weights of int8 values (`int_values`) may move each output channel: a
+/// row's weight `P_j · s_j` (normalized softmax weight times the value scale) is off by at most
+/// half its block's step, itself at most the part's largest weight / 32767; bounded here by
+/// the whole history's largest: `max_j(P_j s_j) / 65534 · Σ_j |code_jc|`.
+#[allow(clippy::too_many_arguments)]
+fn value_weight_rounding(
+    q: &[f32],
+    keys: &[f32],
+    codes: &[i8],
+    scales: &[f32],
+    n: usize,
+    stride: usize,
+    offset: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let d = q.len();
+    let at = |j: usize| j * stride + offset..j * stride + offset + d;
+    let s: Vec<f64> = (0..n)
+        .map(|j| q.iter().zip(&keys[at(j)]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64)
+        .collect();
+    let top = s.iter().cloned().fold(f64::MIN, f64::max);
+    let z: f64 = s.iter().map(|x| (x - top).exp()).sum();
+    let wmax = (0..n).map(|j| (s[j] - top).exp() / z * scales[j] as f64).fold(0f64, f64::max);
+    (0..d).map(|c| (wmax / 65534.0 * (0..n).map(|j| (codes[at(j)][c] as f64).abs()).sum::<f64>()) as f32).collect()
 }
 
 #[test]
@@ -280,10 +315,13 @@ fn kv8_history_attends_as_its_dequantized_keys_and_values() {
                 attend_ref(qh, hist(&kf, &vf, n, stride, offset), scale, &mut want);
                 let mut want8 = vec![0f32; d];
                 attend_ref(qh, kv8, scale, &mut want8);
-                let sensitivity = score_rounding_sensitivity(qh, &kf, &vf, n, stride, offset, scale);
+                let q_step = qh.iter().fold(0f32, |m, v| m.max(v.abs())) / 32767.0;
+                let sensitivity = score_rounding_sensitivity(qh, &kf, &vf, n, stride, offset, scale, q_step);
+                let vs32: Vec<f32> = vs.iter().map(|v| v.to_f32()).collect();
+                let weights = value_weight_rounding(qh, &kf, &vc, &vs32, n, stride, offset, scale);
                 for c in 0..d {
                     let (x, y, z, w) = (a[h * d + c], b[h * d + c], want[c], want8[c]);
-                    let tol = 2e-5 * (1.0 + y.abs()) + sensitivity[c];
+                    let tol = 2e-5 * (1.0 + y.abs()) + sensitivity[c] + weights[c];
                     for (other, what) in [(y, "f32 history"), (z, "definition"), (w, "definition on codes")] {
                         assert!(
                             (x - other).abs() <= tol,
