@@ -53,6 +53,7 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     // Helpers go out through `rayon::join` (a job on this thread's stack that an idle worker
     // steals) rather than `scope.spawn` (a boxed job): a forward pass then allocates nothing.
     let lead = || {
+        crate::attention::prepare_thread();
         LEADING.with(|l| l.set(team as *const Team));
         // Stop the helpers and leave the team even if `f` panics.
         struct Leave<'a>(&'a Team);
@@ -79,6 +80,7 @@ fn with_helpers<R: Send>(team: &Team, n: usize, lead: impl FnOnce() -> R + Send)
 
 /// A helper's loop: wait for a new epoch, take its tasks, until told to stop.
 fn work(team: &Team) {
+    crate::attention::prepare_thread();
     let mut seen = 0u64;
     let mut idle = 0u32;
     loop {

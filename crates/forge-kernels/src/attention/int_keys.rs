@@ -24,6 +24,11 @@ thread_local! {
     static KEPT: std::cell::RefCell<Option<QueryCodes>> = const { std::cell::RefCell::new(None) };
 }
 
+/// `f` with this thread's [`QueryCodes`] as they are.
+pub(super) fn with_kept_codes<R>(f: impl FnOnce(&mut QueryCodes) -> R) -> R {
+    crate::scratch::with_kept(&KEPT, f)
+}
+
 /// `f` with `q`'s heads of `d` values as this thread's [`QueryCodes`], or with `None` where
 /// they cannot be coded (see [`QueryCodes::fill`]).
 pub(super) fn with_query_codes<R>(q: &[f32], d: usize, scale: f32, f: impl FnOnce(Option<&QueryCodes>) -> R) -> R {
@@ -34,6 +39,12 @@ pub(super) fn with_query_codes<R>(q: &[f32], d: usize, scale: f32, f: impl FnOnc
 }
 
 impl QueryCodes {
+    /// Room for `n` query values of `g` heads.
+    pub(super) fn reserve(&mut self, n: usize, g: usize) {
+        self.codes.reserve(n);
+        self.scales.reserve(g);
+    }
+
     /// Takes `q`'s heads of `d` values as codes; false where this path does not apply: heads
     /// longer than [`MAX_D`], a value that is not finite, or a head whose largest magnitude is
     /// so small that its step would be subnormal (the float path keeps full precision there).

@@ -40,6 +40,14 @@ pub(super) fn with_int_values<R>(f: impl FnOnce(&mut IntValues) -> R) -> R {
 }
 
 impl IntValues {
+    /// Room for `g` heads of parts up to the longest and of `dv` values, so that the first
+    /// part a thread attends allocates nothing.
+    pub(super) fn reserve(&mut self, g: usize, dv: usize) {
+        self.codes.reserve(g * super::MAX_PART);
+        self.scales.reserve(g * super::MAX_PART.div_ceil(BLOCK));
+        self.acc.reserve(g * dv);
+    }
+
     /// Takes the `g` rows of `n` weights in `p` as codes for heads of `dv` values, with the
     /// sums cleared; false where this path does not apply: a weight that is not finite, or a
     /// block whose largest weight is so small that its step would be subnormal.

@@ -252,6 +252,15 @@ pub struct History<'a, K: KvElem = f32, V: KvElem = K> {
 #[cfg(target_arch = "x86_64")]
 const STAGE: usize = 2048;
 
+/// Sets up this thread's scratch for integer attention (KV8), room for groups of up to 16
+/// heads of 256: the team's helpers call it as they join, so that decode allocates nothing
+/// once warm, whichever worker takes its first attention item late (a thread-local's first
+/// use allocates).
+pub fn prepare_thread() {
+    int_keys::with_kept_codes(|qc| qc.reserve(16 * 256, 16));
+    int_values::with_int_values(|iv| iv.reserve(16, 256));
+}
+
 /// Fewest history rows in a part (see [`part_len`]).
 const MIN_PART: usize = 32;
 /// Most rows in a part: a part's value rows, asked for while its keys are scored, are still in
