@@ -55,7 +55,7 @@ struct Cli {
     /// How KV caches store keys and values: kv8 (ANEMLL Forge's KV8 cache: 8-bit keys and
     /// values, each with an f16 scale per position and head; 2 × head_dim + 4 bytes a position
     /// and head; the default of generate, chat, serve, bench and calib: its KL cost over f16 is
-    /// 2.5e-4 on SmolLM2), f32 (the default of logits and eval, whose references must carry no
+    /// 2.4e-4 on SmolLM2), f32 (the default of logits and eval, whose references must carry no
     /// cache rounding), f16 (llama.cpp's default cache), or v8 (ANEMLL Forge's V8 cache: f16
     /// keys, 8-bit values with a scale per position and head).
     #[arg(long = "kv-cache-dtype", global = true, value_parser = ["f32", "f16", "v8", "kv8"])]
@@ -133,7 +133,7 @@ fn no_verify() -> bool {
 static KV_DTYPE: std::sync::OnceLock<Option<forge_model::session::KvDtype>> = std::sync::OnceLock::new();
 
 /// The KV cache type of the commands that generate (generate, chat, serve, bench, calib): as
-/// given, else KV8, whose KL cost over f16 on SmolLM2 at 2048-token windows (2.5e-4,
+/// given, else KV8, whose KL cost over f16 on SmolLM2 at 2048-token windows (2.4e-4,
 /// docs/results.md) is far below what a user would notice, at a quarter of f32's memory.
 fn kv_dtype() -> forge_model::session::KvDtype {
     KV_DTYPE.get().copied().flatten().unwrap_or(forge_model::session::KvDtype::Kv8)
