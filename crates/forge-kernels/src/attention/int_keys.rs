@@ -4,8 +4,9 @@
 //! `s_q · scale` (the key's own scale goes on afterwards, as for any coded key). Integer sums
 //! are exact, so every ISA gives the bits of the scalar reference. AVX2 multiplies 16 pairs
 //! an instruction (`vpmaddwd`), AVX-512 VNNI 32 with the sum folded in (`vpdpwssd`), against
-//! eight f32 multiply-adds on codes widened to f32 (the float path's cost, which bounded
-//! attention at depth by its arithmetic, not by memory).
+//! eight f32 multiply-adds on codes widened to f32. At six query heads a KV head (the 27B
+//! shape) these instructions, not memory, still set attention's speed on two cores
+//! (`examples/attention_probe.rs`).
 
 /// Largest head size whose integer dot cannot overflow: `d · 32767 · 128 < 2³¹`.
 const MAX_D: usize = 512;
