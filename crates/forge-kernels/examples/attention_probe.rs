@@ -19,11 +19,13 @@ fn main() {
     let scales: Vec<f16> = (0..rows).map(|j| f16::from_f32(0.01 + (j % 5) as f32 * 1e-3)).collect();
     let q: Vec<f32> = (0..g * d).map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0).collect();
     let (mut s, mut out, mut st) = (vec![0f32; g * part], vec![0f32; g * d], vec![0f32; 2 * g]);
+    // A part's values are another part's codes, so that keys and values are different memory.
+    let parts = rows / part;
     let kv = |p: usize| History {
         keys: &codes[p * part * d..(p + 1) * part * d],
-        values: &codes[p * part * d..(p + 1) * part * d],
+        values: &codes[(p + parts / 2) % parts * part * d..((p + parts / 2) % parts + 1) * part * d],
         key_scales: RowScales::F16(&scales[p * part..(p + 1) * part]),
-        value_scales: RowScales::F16(&scales[p * part..(p + 1) * part]),
+        value_scales: RowScales::F16(&scales[(p + parts / 2) % parts * part..((p + parts / 2) % parts + 1) * part]),
         n: part,
         stride: d,
         offset: 0,
@@ -36,7 +38,7 @@ fn main() {
         let reps = if stride == 0 { 20000 } else { 400 };
         let t0 = Instant::now();
         for r in 0..reps {
-            let p = (r * stride * 7) % (rows / part);
+            let p = (r * stride * 7) % parts;
             attend_part(&q, d, kv(p), 0.0625, &mut s, &mut out, &mut st, true);
         }
         let secs = t0.elapsed().as_secs_f64();

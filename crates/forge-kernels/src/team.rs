@@ -32,6 +32,8 @@ type Job<'a> = &'a (dyn Fn(usize) + Sync);
 thread_local! {
     /// The team this thread leads, while inside `with_team`.
     static LEADING: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+    /// Whether this thread has had the pool's workers set up their scratch.
+    static PREPARED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Run `f` with the pool's other workers spinning as a team for [`parallel_for`] calls made
@@ -52,8 +54,14 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let team = &team;
     // Helpers go out through `rayon::join` (a job on this thread's stack that an idle worker
     // steals) rather than `scope.spawn` (a boxed job): a forward pass then allocates nothing.
+    // Every worker of the pool sets up its thread's kernel scratch the first time this thread
+    // leads a team (the first forward pass, a warm-up), so that a worker whose first task comes
+    // late, in a pass whose allocations are counted, allocates nothing then.
+    if !PREPARED.with(Cell::get) {
+        rayon::broadcast(|_| crate::attention::prepare_thread());
+        PREPARED.with(|p| p.set(true));
+    }
     let lead = || {
-        crate::attention::prepare_thread();
         LEADING.with(|l| l.set(team as *const Team));
         // Stop the helpers and leave the team even if `f` panics.
         struct Leave<'a>(&'a Team);
@@ -80,7 +88,6 @@ fn with_helpers<R: Send>(team: &Team, n: usize, lead: impl FnOnce() -> R + Send)
 
 /// A helper's loop: wait for a new epoch, take its tasks, until told to stop.
 fn work(team: &Team) {
-    crate::attention::prepare_thread();
     let mut seen = 0u64;
     let mut idle = 0u32;
     loop {

@@ -253,9 +253,9 @@ pub struct History<'a, K: KvElem = f32, V: KvElem = K> {
 const STAGE: usize = 2048;
 
 /// Sets up this thread's scratch for integer attention (KV8), room for groups of up to 16
-/// heads of 256: the team's helpers call it as they join, so that decode allocates nothing
-/// once warm, whichever worker takes its first attention item late (a thread-local's first
-/// use allocates).
+/// heads of 256: every worker of a pool runs it when a team first forms there
+/// ([`crate::team::with_team`]), so that decode allocates nothing once warm, whichever worker
+/// takes its first attention item late (a thread-local's first use allocates).
 pub fn prepare_thread() {
     int_keys::with_kept_codes(|qc| qc.reserve(16 * 256, 16));
     int_values::with_int_values(|iv| iv.reserve(16, 256));
