@@ -8,7 +8,7 @@
 //! (as in flash-decoding), so that decode's few key/value heads still give every worker work.
 //! A history may lie in pages ([`PagedHistory`]): a part is then taken page by page, with the
 //! bits of the same rows held in one piece. Int8 codes (the KV8 cache) are scored and summed in
-//! integers ([`int_keys`], [`int_values`]); float rows in f32 (AVX2, and 512-bit value sums
+//! integers (`int_keys`, `int_values`); float rows in f32 (AVX2, and 512-bit value sums
 //! where AVX-512 is present).
 
 mod int_keys;
