@@ -7,12 +7,10 @@
 //! history is cut into parts that workers take separately and that are merged afterwards
 //! (as in flash-decoding), so that decode's few key/value heads still give every worker work.
 //! A history may lie in pages ([`PagedHistory`]): a part is then taken page by page, with the
-//! bits of the same rows held in one piece. Int8 codes (the KV8 cache) are scored and summed in
-//! integers (`int_keys`, `int_values`); float rows in f32 (AVX2, and 512-bit value sums
-//! where AVX-512 is present).
+//! bits of the same rows held in one piece. Int8 keys (the KV8 cache) are scored in integers
+//! (`int_keys`); values are summed in f32 (AVX2, and 512-bit sums where AVX-512 is present).
 
 mod int_keys;
-mod int_values;
 mod paged;
 #[cfg(target_arch = "x86_64")]
 mod values512;
@@ -260,7 +258,6 @@ const STAGE: usize = 2048;
 /// takes its first attention item late (a thread-local's first use allocates).
 pub fn prepare_thread() {
     int_keys::with_kept_codes(|qc| qc.reserve(16 * 256, 16));
-    int_values::with_int_values(|iv| iv.reserve(16, 256));
 }
 
 /// Fewest history rows in a part (see [`part_len`]).
@@ -507,22 +504,6 @@ pub fn attend_rows<'a, K: KvElem, V: KvElem>(
         }
     }
     out.iter_mut().for_each(|o| *o = 0.0);
-    // Int8 values are summed in integers against the weights as 16-bit codes (`int_values`).
-    if V::codes(&[]).is_some() {
-        let done = int_values::with_int_values(|iv| {
-            if !iv.prepare(scores, g, n, dv, int_values::lanes(dv)) {
-                return false;
-            }
-            for (r, col) in runs() {
-                let codes = V::codes(r.values).expect("int8 values");
-                int_values::add_run(iv, col, r.n, codes, r.stride, r.offset, out);
-            }
-            true
-        });
-        if done {
-            return;
-        }
-    }
     for (r, col) in runs() {
         if simd {
             #[cfg(target_arch = "x86_64")]
