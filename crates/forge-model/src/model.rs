@@ -46,7 +46,7 @@ use forge_core::config::{Arch, DeltaNetConfig, LayerKind, ModelConfig};
 use forge_core::tensor::HostTensor;
 use forge_kernels::act::{sigmoid, silu, softplus, swiglu};
 use forge_kernels::attention::{
-    attend_group, attend_rows, merge_parts, n_parts, part_len, part_rows, KvElem, PagedHistory,
+    attend_group, attend_rows, attend_tokens, merge_parts, n_parts, part_len, part_rows, KvElem, PagedHistory,
 };
 use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
@@ -61,6 +61,9 @@ pub const DELTANET_CHUNK: usize = 64;
 /// per call): the dense products stay on their few-row path and DeltaNet layers step their
 /// recurrence row by row. Speculative verification feeds at most this many rows.
 pub const VERIFY_MAX_ROWS: usize = 8;
+
+/// Most tokens in one of prefill's attention tiles (`attend_tokens`).
+const PREFILL_TILE: usize = 16;
 
 pub struct Attention {
     pub q: Linear,
@@ -756,6 +759,34 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         let cache = &*cache;
         let gsize = group * hd;
+        // `body` with `kv` the first `n` rows of key/value head `g`'s history, typed as cached.
+        macro_rules! over_history {
+            ($g:expr, $n:expr, $kv:ident => $body:expr) => {{
+                let (key_scales, value_scales, page) =
+                    (cache.key_scales($g), cache.value_scales($g), cache.page_rows());
+                match (cache.keys($g), cache.values($g)) {
+                    (KvRows::F32(keys), KvRows::F32(values)) => {
+                        let $kv = PagedHistory { keys, values, key_scales, value_scales, n: $n, d: hd, page };
+                        $body
+                    }
+                    (KvRows::F16(keys), KvRows::F16(values)) => {
+                        let $kv = PagedHistory { keys, values, key_scales, value_scales, n: $n, d: hd, page };
+                        $body
+                    }
+                    // V8: f16 keys, value codes.
+                    (KvRows::F16(keys), KvRows::I8(values)) => {
+                        let $kv = PagedHistory { keys, values, key_scales, value_scales, n: $n, d: hd, page };
+                        $body
+                    }
+                    // KV8: key and value codes, each with f16 scales.
+                    (KvRows::I8(keys), KvRows::I8(values)) => {
+                        let $kv = PagedHistory { keys, values, key_scales, value_scales, n: $n, d: hd, page };
+                        $body
+                    }
+                    _ => unreachable!("keys and values of one cache share a type"),
+                }
+            }};
+        }
         // Token `i`'s query group `g` over its history: one part of it into `o` and its
         // statistics, or (`None`) every part, merged into `o`. The query heads of a group go
         // together, so each cached key and value row is read once for all of them. The parts
@@ -765,44 +796,30 @@ impl Model {
         let one = |i: usize, g: usize, part: Option<(usize, &mut [f32])>, scores: &mut [f32], o: &mut [f32]| {
             let n = pos0 + i + 1;
             let qg = &q[(i * nh + g * group) * hd..(i * nh + (g + 1) * group) * hd];
-            let (key_scales, value_scales) = (cache.key_scales(g), cache.value_scales(g));
-            macro_rules! attend {
-                ($keys:expr, $values:expr) => {{
-                    let page = cache.page_rows();
-                    let kv = PagedHistory { keys: $keys, values: $values, key_scales, value_scales, n, d: hd, page };
-                    attend_item(qg, hd, kv, part, scale, scores, o)
-                }};
-            }
-            match (cache.keys(g), cache.values(g)) {
-                (KvRows::F32(keys), KvRows::F32(values)) => attend!(keys, values),
-                (KvRows::F16(keys), KvRows::F16(values)) => attend!(keys, values),
-                // V8: f16 keys, value codes.
-                (KvRows::F16(keys), KvRows::I8(values)) => attend!(keys, values),
-                // KV8: key and value codes, each with f16 scales.
-                (KvRows::I8(keys), KvRows::I8(values)) => attend!(keys, values),
-                _ => unreachable!("keys and values of one cache share a type"),
-            }
+            over_history!(g, n, kv => attend_item(qg, hd, kv, part, scale, scores, o))
         };
         let threads = rayon::current_num_threads();
         if t >= PAR_MIN_ROWS {
-            // Prefill: the tokens give every worker enough items without cutting histories, so
-            // an item is a token and key/value head, its parts attended and merged inside it and
-            // their outputs never leaving the task: no slot for every (token, head, part) to
-            // zero, fill and merge on the calling thread afterwards, and no items for the parts
-            // past an early token's history. Against the decode items this pays the more, the
-            // longer the prompt: SmolLM2's 512-token prefill runs about 1.27× as fast.
-            // Sixteen tasks a worker, claimed in order, keep the later tokens' longer histories
-            // from leaving one worker alone at the end.
-            let items = t * kvh;
-            let per = items.div_ceil(16 * threads);
-            // A token's history is attended a part at a time (`attend_group`): the scores of one
-            // part, a sixteenth of the longest history (at most 1,024 rows), are all a task holds.
-            let ssize = group * part_len(pos0 + t);
-            let mut scores = Buf::for_overwrite(items.div_ceil(per) * ssize);
-            par_chunks2_mut(out, per * gsize, &mut scores, ssize, &|k, o, sc| {
-                for (j, oj) in o.chunks_mut(gsize).enumerate() {
-                    let item = k * per + j;
-                    one(item / kvh, item % kvh, None, sc, oj);
+            // Prefill: tiles of consecutive tokens (`attend_tokens`), each key and value row
+            // read and widened once for a tile's tokens rather than once a token, each token
+            // with the bits it gets alone. An item is a tile with every key/value head, so its
+            // output is one piece of `out`; eight items a worker, claimed in order, keep the
+            // later tiles' longer histories from leaving one worker alone at the end.
+            let tile = t.div_ceil(8 * threads).clamp(1, PREFILL_TILE);
+            par_chunks_mut(out, tile * nh * hd, &|k, o| {
+                let (i0, tt) = (k * tile, o.len() / (nh * hd));
+                let (mut qt, mut ot) = (Buf::for_overwrite(tt * gsize), Buf::for_overwrite(tt * gsize));
+                for g in 0..kvh {
+                    for (i, qi) in qt.chunks_mut(gsize).enumerate() {
+                        let r = ((i0 + i) * nh + g * group) * hd;
+                        qi.copy_from_slice(&q[r..r + gsize]);
+                    }
+                    let (n0, n) = (pos0 + i0 + 1, pos0 + i0 + tt);
+                    over_history!(g, n, kv => attend_tokens(&qt, hd, group, n0, kv, scale, &mut ot));
+                    for (i, oi) in ot.chunks(gsize).enumerate() {
+                        let r = (i * nh + g * group) * hd;
+                        o[r..r + gsize].copy_from_slice(oi);
+                    }
                 }
             });
         } else {

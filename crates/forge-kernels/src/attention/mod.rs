@@ -12,9 +12,11 @@
 
 mod int_keys;
 mod paged;
+mod tile;
 #[cfg(target_arch = "x86_64")]
 mod values512;
 pub use paged::{PagedHistory, PagedScales};
+pub use tile::attend_tokens;
 
 use crate::act::softmax;
 use crate::simd::{axpy, dot, dot_ref};
@@ -396,7 +398,6 @@ pub fn attend_part<K: KvElem, V: KvElem>(
 /// `n · max|v|` is (the values are summed before they are normalized): tiny and subnormal
 /// inputs included; any f16 or int8 cache.
 #[allow(clippy::too_many_arguments)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn attend_rows<'a, K: KvElem, V: KvElem>(
     q: &[f32],
     d: usize,
@@ -417,14 +418,46 @@ pub fn attend_rows<'a, K: KvElem, V: KvElem>(
     assert!(scores.len() >= g * n, "scores has {} slots for {g}×{n}", scores.len());
     assert!(stats.len() >= 2 * g, "stats has {} slots for {g} heads", stats.len());
     let scores = &mut scores[..g * n];
-    #[cfg(target_arch = "x86_64")]
-    let simd = crate::simd::has_f16c() && d.is_multiple_of(8) && dv.is_multiple_of(8);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
-    // The runs of the part, each checked against the rows it claims, with its first row's
-    // column in `scores`.
-    let (j0, j1) = (rows.start, rows.end);
-    let runs = || {
+    let part = Part { d, dv, j0: rows.start, j1: rows.end, s_stride: n };
+    if K::codes(&[]).is_some() {
+        int_keys::with_query_codes(q, d, scale, |qc| part.scores(q, qc, kv, scale, scores, ahead));
+    } else {
+        part.scores(q, None, kv, scale, scores, ahead);
+    }
+    for h in 0..g {
+        (stats[2 * h], stats[2 * h + 1]) = exp_shifted(&mut scores[h * n..(h + 1) * n]);
+    }
+    out.iter_mut().for_each(|o| *o = 0.0);
+    part.values(kv, scores, out, None);
+}
+
+/// Rows `j0..j1` of a history attended by the rows of `q` (heads of `d`, values of `dv`), their
+/// scores `s_stride` apart: the steps of [`attend_rows`], shared with prefill's tiles.
+#[derive(Clone, Copy)]
+struct Part {
+    d: usize,
+    dv: usize,
+    j0: usize,
+    j1: usize,
+    s_stride: usize,
+}
+
+impl Part {
+    /// Whether the AVX2 kernels apply (x86-64 with F16C, heads a multiple of eight).
+    fn simd(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return crate::simd::has_f16c() && self.d.is_multiple_of(8) && self.dv.is_multiple_of(8);
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// The runs of the part, each checked against the rows it claims, with its first row's
+    /// column in the scores.
+    fn runs<'a, K: KvElem, V: KvElem>(
+        &self,
+        kv: impl Runs<'a, K, V>,
+    ) -> impl Iterator<Item = (History<'a, K, V>, usize)> {
+        let Part { d, dv, j0, j1, .. } = *self;
         let mut j = j0;
         std::iter::from_fn(move || {
             (j < j1).then(|| {
@@ -439,23 +472,38 @@ pub fn attend_rows<'a, K: KvElem, V: KvElem>(
                 (r, col)
             })
         })
-    };
-    // Scores, the key scales on them (before the statistics, which are of the scores). Int8
-    // keys are scored in integers against the query as 16-bit codes (see `int_keys`).
-    let score_runs = |qc: Option<&int_keys::QueryCodes>, scores: &mut [f32]| {
-        for (r, col) in runs() {
+    }
+
+    /// Every row of `q`'s score of every history row of the part, its key's scale on it. Int8
+    /// keys are scored in integers against the query as 16-bit codes (`qc`, see `int_keys`).
+    /// With `ahead` (x86-64), the next key rows and this block's value rows are asked for.
+    #[allow(clippy::too_many_arguments)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn scores<'a, K: KvElem, V: KvElem>(
+        &self,
+        q: &[f32],
+        qc: Option<&int_keys::QueryCodes>,
+        kv: impl Runs<'a, K, V>,
+        scale: f32,
+        scores: &mut [f32],
+        ahead: bool,
+    ) {
+        let Part { d, dv, s_stride, .. } = *self;
+        let g = q.len() / d;
+        let simd = self.simd();
+        for (r, col) in self.runs(kv) {
             if let (Some(qc), Some(codes)) = (qc, K::codes(r.keys)) {
                 let vals = &r.values[r.offset..];
                 let ahead = (cfg!(target_arch = "x86_64") && ahead)
                     .then(|| (vals.as_ptr() as *const u8, r.stride * size_of::<V>(), dv * size_of::<V>()));
-                int_keys::scores(qc, codes, r.n, r.stride, r.offset, scores, n, col, ahead);
+                int_keys::scores(qc, codes, r.n, r.stride, r.offset, scores, s_stride, col, ahead);
             } else if simd {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2/FMA/F16C are present; the run's rows were checked above (r.n rows
-                // of `stride`, `d` / `dv` values at `offset`, also those asked for ahead),
-                // `scores` holds g·n values and the run writes columns col..col + r.n of each
-                // head's n.
+                // SAFETY: AVX2/FMA/F16C are present; the run's rows were checked by `runs` (r.n
+                // rows of `stride`, `d` / `dv` values at `offset`, also those asked for ahead),
+                // and the run writes columns col..col + r.n of each row's `s_stride` scores.
                 unsafe {
+                    assert!(scores.len() >= (g - 1) * s_stride + col + r.n, "scores shorter than their rows");
                     scores_avx2(
                         q,
                         d,
@@ -465,7 +513,7 @@ pub fn attend_rows<'a, K: KvElem, V: KvElem>(
                         r.offset,
                         scale,
                         scores,
-                        n,
+                        s_stride,
                         col,
                         ahead.then_some((r.values, dv)),
                     )
@@ -473,7 +521,8 @@ pub fn attend_rows<'a, K: KvElem, V: KvElem>(
             } else {
                 for h in 0..g {
                     let qh = &q[h * d..(h + 1) * d];
-                    for (jj, s) in scores[h * n + col..h * n + col + r.n].iter_mut().enumerate() {
+                    let row = &mut scores[h * s_stride + col..h * s_stride + col + r.n];
+                    for (jj, s) in row.iter_mut().enumerate() {
                         let k0 = jj * r.stride + r.offset;
                         *s = K::dot(qh, &r.keys[k0..k0 + d]) * scale;
                     }
@@ -481,46 +530,58 @@ pub fn attend_rows<'a, K: KvElem, V: KvElem>(
             }
             if !r.key_scales.is_none() {
                 for h in 0..g {
-                    r.key_scales.apply(&mut scores[h * n + col..h * n + col + r.n]);
+                    r.key_scales.apply(&mut scores[h * s_stride + col..h * s_stride + col + r.n]);
                 }
             }
         }
-    };
-    if K::codes(&[]).is_some() {
-        int_keys::with_query_codes(q, d, scale, |qc| score_runs(qc, scores));
-    } else {
-        score_runs(None, scores);
     }
-    for h in 0..g {
-        (stats[2 * h], stats[2 * h + 1]) = exp_shifted(&mut scores[h * n..(h + 1) * n]);
-    }
-    // Value scales onto the weights (after the statistics, which are of the weights alone),
-    // then the weighted values, run after run into one sum per column.
-    for (r, col) in runs() {
-        if !r.value_scales.is_none() {
-            for h in 0..g {
-                r.value_scales.apply(&mut scores[h * n + col..h * n + col + r.n]);
+
+    /// `out_h += Σ_j w_hj s_j V_j` over the part's rows for each of the `out.len() / dv` rows of
+    /// weights `w` (`s_stride` apart; row `h` only up to column `lim[h]` where given), `s_j` the
+    /// value scales, which go onto the weights here (after the softmax statistics, which are of
+    /// the weights alone): run after run, into one sum per column.
+    fn values<'a, K: KvElem, V: KvElem>(
+        &self,
+        kv: impl Runs<'a, K, V>,
+        w: &mut [f32],
+        out: &mut [f32],
+        lim: Option<&[usize]>,
+    ) {
+        let Part { dv, s_stride, .. } = *self;
+        let g = out.len() / dv;
+        let simd = self.simd();
+        for (r, col) in self.runs(kv) {
+            if !r.value_scales.is_none() {
+                for h in 0..g {
+                    r.value_scales.apply(&mut w[h * s_stride + col..h * s_stride + col + r.n]);
+                }
             }
         }
-    }
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for (r, col) in runs() {
-        if simd {
-            #[cfg(target_arch = "x86_64")]
-            if dv.is_multiple_of(16) && crate::simd::has_avx512f() {
-                // SAFETY: as for the scores, with AVX-512 F present and `dv` a multiple of 16.
-                unsafe { values512::values_avx512(scores, g, n, col, r.n, r.values, r.stride, r.offset, out) };
+        for (r, col) in self.runs(kv) {
+            if simd {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    assert!(w.len() >= (g - 1) * s_stride + col + r.n, "weights shorter than their rows");
+                    if dv.is_multiple_of(16) && crate::simd::has_avx512f() {
+                        // SAFETY: as for the scores, with AVX-512 F present and `dv` a multiple
+                        // of 16.
+                        unsafe {
+                            values512::values_avx512(w, g, s_stride, col, r.n, r.values, r.stride, r.offset, out, lim)
+                        };
+                    } else {
+                        // SAFETY: as for the scores: AVX2/FMA/F16C present, the run's value rows
+                        // checked, `w` holds g rows of s_stride weights and `out` g·dv values.
+                        unsafe { values_avx2(w, g, s_stride, col, r.n, r.values, r.stride, r.offset, out, lim) };
+                    }
+                }
             } else {
-                // SAFETY: as for the scores: AVX2/FMA/F16C present, the run's value rows
-                // checked, `scores` holds g rows of n weights and `out` g·dv values.
-                unsafe { values_avx2(scores, g, n, col, r.n, r.values, r.stride, r.offset, out) };
-            }
-        } else {
-            for h in 0..g {
-                let oh = &mut out[h * dv..(h + 1) * dv];
-                for (jj, &p) in scores[h * n + col..h * n + col + r.n].iter().enumerate() {
-                    let v0 = jj * r.stride + r.offset;
-                    V::axpy(p, &r.values[v0..v0 + dv], oh);
+                for h in 0..g {
+                    let oh = &mut out[h * dv..(h + 1) * dv];
+                    let end = lim.map_or(r.n, |l| l[h].saturating_sub(col).min(r.n));
+                    for (jj, &p) in w[h * s_stride + col..h * s_stride + col + end].iter().enumerate() {
+                        let v0 = jj * r.stride + r.offset;
+                        V::axpy(p, &r.values[v0..v0 + dv], oh);
+                    }
                 }
             }
         }
@@ -663,7 +724,9 @@ unsafe fn scores_avx2<T: KvElem, V: KvElem>(
         }
         j += 8;
     }
-    // The last keys one at a time, in the same f32 arithmetic for either element type.
+    // The last keys one at a time, each lane's products and the sum of the lanes in the order
+    // of a block's (so a key's score has the same bits wherever it lies in a run: prefill's
+    // tiles score past a token's last row what decode scores as its last).
     for jj in j..n {
         for h in 0..g {
             let mut acc = _mm256_setzero_ps();
@@ -671,9 +734,9 @@ unsafe fn scores_avx2<T: KvElem, V: KvElem>(
                 acc =
                     _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(h * d + c)), T::load8(kp.add(jj * stride + c)), acc);
             }
-            let v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-            s[h * s_stride + col + jj] = _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v))) * scale;
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), acc);
+            s[h * s_stride + col + jj] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
         }
     }
 }
@@ -682,7 +745,8 @@ unsafe fn scores_avx2<T: KvElem, V: KvElem>(
 /// (`p` holds `g` rows of `n` weights): 64 output columns (eight registers) per sweep; with
 /// several heads the keys go in blocks of 32 whose value rows stay in L1 while each head adds
 /// its share. The sums go on from what `out` holds, one row after the other, so a history
-/// taken in runs gives the bits of one taken whole.
+/// taken in runs gives the bits of one taken whole. With `lim`, head `h` stops before weight
+/// `lim[h]` of its `n` (prefill's tiles: each token's rows end at its own position).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -696,11 +760,13 @@ unsafe fn values_avx2<T: KvElem>(
     stride: usize,
     offset: usize,
     out: &mut [f32],
+    lim: Option<&[usize]>,
 ) {
     use std::arch::x86_64::*;
     let dv = out.len() / g.max(1);
     let vp = values.as_ptr().add(offset);
     let block = if g == 1 { rn.max(1) } else { 32 };
+    let end = |h: usize| lim.map_or(rn, |l| l[h].saturating_sub(col).min(rn));
     // As for the keys: a block's widened value columns written once for all heads.
     let mut staged = [std::mem::MaybeUninit::<f32>::uninit(); STAGE];
     let stage = g > 1 && !T::IS_F32 && 32 * 64 <= STAGE;
@@ -717,6 +783,10 @@ unsafe fn values_avx2<T: KvElem>(
                 }
             }
             for h in 0..g {
+                let j1 = j1.min(end(h));
+                if j1 <= j0 {
+                    continue;
+                }
                 let o = out.as_mut_ptr().add(h * dv + c0);
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for (k, a) in acc.iter_mut().enumerate().take(w) {

@@ -496,3 +496,89 @@ fn pages_that_would_split_a_block_of_keys_are_refused() {
     let (mut s, mut o) = (vec![0f32; 10], vec![0f32; 4]);
     attend_group(&[1.0; 4], 4, kv, 1.0, &mut s, &mut o);
 }
+
+#[test]
+fn tokens_taken_together_give_each_the_bits_it_gets_alone() {
+    // Prefill's tiles against one token at a time: every cache type, whole and paged, tiles
+    // from the first token on, across a change of part length (at 513 rows) and deep in a
+    // history of many parts, ending inside and at the end of a block of eight keys; a tile with
+    // a head too small to code as integers (KV8 then goes token by token, as decode would).
+    for (d, g) in [(64usize, 3usize), (128, 2), (256, 6)] {
+        for (n0, t) in [(1usize, 40usize), (3, 2), (497, 30), (2041, 17), (9000, 5)] {
+            let n = n0 + t - 1;
+            let kf = data(n * d, 71 + n as u32);
+            let vf = data(n * d, 72 + n as u32);
+            let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
+            let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
+            let kc: Vec<i8> = kf.iter().map(|&x| i8::from_f32(x * 127.0)).collect();
+            let vc: Vec<i8> = vf.iter().map(|&x| i8::from_f32(x * 127.0)).collect();
+            let s16: Vec<f16> = (0..n).map(|j| f16::from_f32(0.01 + 0.001 * (j % 13) as f32)).collect();
+            let s32: Vec<f32> = (0..n).map(|j| 0.02 + 0.001 * (j % 7) as f32).collect();
+            let mut q = data(t * g * d, 74 + t as u32);
+            q.iter_mut().for_each(|x| *x *= 4.0);
+            let mut tiny = q.clone();
+            tiny[(t / 2) * g * d..(t / 2) * g * d + d].iter_mut().for_each(|x| *x *= 1e-36);
+            let page = 64;
+            macro_rules! check {
+                ($k:expr, $v:expr, $ks:expr, $vs:expr, $pks:expr, $pvs:expr, $what:expr) => {{
+                    let (kp, vp) = (pages($k, d, page, $k[0]), pages($v, d, page, $v[0]));
+                    let flat = |n| History {
+                        keys: $k,
+                        values: $v,
+                        key_scales: $ks,
+                        value_scales: $vs,
+                        n,
+                        stride: d,
+                        offset: 0,
+                    };
+                    let paged =
+                        |n| PagedHistory { keys: &kp, values: &vp, key_scales: $pks, value_scales: $pvs, n, d, page };
+                    for (q, which) in [(&q, "q"), (&tiny, "tiny head")] {
+                        let mut alone = vec![0f32; t * g * d];
+                        let mut s = vec![0f32; g * part_len(n)];
+                        for (i, o) in alone.chunks_mut(g * d).enumerate() {
+                            attend_group(&q[i * g * d..(i + 1) * g * d], d, flat(n0 + i), 0.125, &mut s, o);
+                        }
+                        let (mut a, mut b) = (vec![0f32; t * g * d], vec![0f32; t * g * d]);
+                        attend_tokens(q, d, g, n0, flat(n), 0.125, &mut a);
+                        attend_tokens(q, d, g, n0, paged(n + 3), 0.125, &mut b);
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert!(alone.iter().all(|v| v.is_finite()), "{} d={d} n0={n0} t={t} {which}", $what);
+                        assert_eq!(bits(&a), bits(&alone), "{} d={d} g={g} n0={n0} t={t} {which}: whole", $what);
+                        assert_eq!(bits(&b), bits(&alone), "{} d={d} g={g} n0={n0} t={t} {which}: paged", $what);
+                    }
+                }};
+            }
+            // Room past the last token for the paged history's extra rows (never attended).
+            let pad = |x: &[f32]| [x, &vec![9.0; 3 * d]].concat();
+            let (kf, vf) = (pad(&kf), pad(&vf));
+            let kh: Vec<f16> = [&kh[..], &vec![f16::from_f32(9.0); 3 * d]].concat();
+            let vh: Vec<f16> = [&vh[..], &vec![f16::from_f32(9.0); 3 * d]].concat();
+            let kc: Vec<i8> = [&kc[..], &vec![127i8; 3 * d]].concat();
+            let vc: Vec<i8> = [&vc[..], &vec![127i8; 3 * d]].concat();
+            let s16: Vec<f16> = [&s16[..], &[f16::from_f32(1.0); 3]].concat();
+            let s32: Vec<f32> = [&s32[..], &[1.0; 3]].concat();
+            let (ps16, ps32) = (pages(&s16, 1, page, s16[0]), pages(&s32, 1, page, s32[0]));
+            check!(&kf[..], &vf[..], RowScales::None, RowScales::None, PagedScales::None, PagedScales::None, "f32");
+            check!(&kh[..], &vh[..], RowScales::None, RowScales::None, PagedScales::None, PagedScales::None, "f16");
+            check!(
+                &kh[..],
+                &vc[..],
+                RowScales::None,
+                RowScales::F32(&s32),
+                PagedScales::None,
+                PagedScales::F32(&ps32),
+                "v8"
+            );
+            check!(
+                &kc[..],
+                &vc[..],
+                RowScales::F16(&s16),
+                RowScales::F16(&s16),
+                PagedScales::F16(&ps16),
+                PagedScales::F16(&ps16),
+                "kv8"
+            );
+        }
+    }
+}

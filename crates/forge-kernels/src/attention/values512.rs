@@ -5,8 +5,8 @@
 
 use super::{KvElem, STAGE};
 
-/// `out_h += Σ_j p_h[col + j] V_j` over the run's `rn` rows for every head of the group, as
-/// [`super::values_avx2`].
+/// `out_h += Σ_j p_h[col + j] V_j` over the run's `rn` rows for every head of the group, head
+/// `h` stopping before weight `lim[h]` where given, as [`super::values_avx2`].
 ///
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 F present; `dv = out.len() / g` a multiple of 16; `p` holds `g`
@@ -24,6 +24,7 @@ pub(super) unsafe fn values_avx512<T: KvElem>(
     stride: usize,
     offset: usize,
     out: &mut [f32],
+    lim: Option<&[usize]>,
 ) {
     let dv = out.len() / g.max(1);
     for c0 in (0..dv).step_by(COLS) {
@@ -32,12 +33,12 @@ pub(super) unsafe fn values_avx512<T: KvElem>(
         // SAFETY: the caller's contract, for columns c0.. of every row and head.
         unsafe {
             match (dv - c0).min(COLS) / 16 {
-                8 => sweep::<T, 8>(p, g, n, col, rn, values, stride, offset + c0, out, c0),
-                4 => sweep::<T, 4>(p, g, n, col, rn, values, stride, offset + c0, out, c0),
+                8 => sweep::<T, 8>(p, g, n, col, rn, values, stride, offset + c0, out, c0, lim),
+                4 => sweep::<T, 4>(p, g, n, col, rn, values, stride, offset + c0, out, c0, lim),
                 w => {
                     for k in 0..w {
                         let c = c0 + 16 * k;
-                        sweep::<T, 1>(p, g, n, col, rn, values, stride, offset + c, out, c);
+                        sweep::<T, 1>(p, g, n, col, rn, values, stride, offset + c, out, c, lim);
                     }
                 }
             }
@@ -65,6 +66,7 @@ unsafe fn sweep<T: KvElem, const W: usize>(
     offset: usize,
     out: &mut [f32],
     c0: usize,
+    lim: Option<&[usize]>,
 ) {
     use std::arch::x86_64::*;
     let rows = STAGE / (16 * W);
@@ -89,6 +91,10 @@ unsafe fn sweep<T: KvElem, const W: usize>(
             }
         }
         for h in 0..g {
+            let j1 = j1.min(lim.map_or(rn, |l| l[h].saturating_sub(col).min(rn)));
+            if j1 <= j0 {
+                continue;
+            }
             // SAFETY: head h's columns c0.. of `out` (g·dv values).
             let o = unsafe { out.as_mut_ptr().add(h * dv + c0) };
             let mut acc = [_mm512_setzero_ps(); W];
@@ -131,7 +137,9 @@ mod tests {
         // heads; runs shorter and longer than a staged block; a head at an offset in wider rows.
         for (dv, g) in [(64usize, 3usize), (128, 2), (256, 6), (144, 1), (16, 2)] {
             for rn in [1usize, 15, 16, 17, 70] {
-                for (stride, offset) in [(dv, 0), (2 * dv, dv)] {
+                // Heads that stop early (prefill's tiles): before, inside and past the run.
+                let lims: Vec<usize> = (0..g).map(|h| 4 + (h * 7 + 3) % (rn + 3)).collect();
+                for ((stride, offset), lim) in [((dv, 0), None), ((2 * dv, dv), None), ((dv, 0), Some(&lims[..]))] {
                     let values: Vec<T> = data(rn * stride, (dv + rn) as u32).iter().map(|&v| to(v)).collect();
                     let (n, col) = (rn + 9, 4);
                     let p = data(g * n, rn as u32 + 3);
@@ -139,11 +147,11 @@ mod tests {
                     let (mut a, mut b) = (start.clone(), start);
                     // SAFETY: AVX-512 F checked by the caller; p, values and out sized as stated.
                     unsafe {
-                        values_avx2(&p, g, n, col, rn, &values, stride, offset, &mut a);
-                        values_avx512(&p, g, n, col, rn, &values, stride, offset, &mut b);
+                        values_avx2(&p, g, n, col, rn, &values, stride, offset, &mut a, lim);
+                        values_avx512(&p, g, n, col, rn, &values, stride, offset, &mut b, lim);
                     }
                     let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{name} dv={dv} g={g} rn={rn} offset {offset}");
+                    assert!(same, "{name} dv={dv} g={g} rn={rn} offset {offset} lim {lim:?}");
                 }
             }
         }
