@@ -262,6 +262,12 @@ pub fn prepare_thread() {
     int_keys::with_kept_codes(|qc| qc.reserve(16 * 256, 16));
 }
 
+/// How many of a run's `rn` weights (from column `col` of its row) row `h` sums: all, or those
+/// before column `lim[h]` (prefill's tiles, each token's rows ending at its own position).
+fn run_end(lim: Option<&[usize]>, h: usize, col: usize, rn: usize) -> usize {
+    lim.map_or(rn, |l| l[h].saturating_sub(col).min(rn))
+}
+
 /// Fewest history rows in a part (see [`part_len`]).
 const MIN_PART: usize = 32;
 /// Most rows in a part: a part's value rows, asked for while its keys are scored, are still in
@@ -577,7 +583,7 @@ impl Part {
             } else {
                 for h in 0..g {
                     let oh = &mut out[h * dv..(h + 1) * dv];
-                    let end = lim.map_or(r.n, |l| l[h].saturating_sub(col).min(r.n));
+                    let end = run_end(lim, h, col, r.n);
                     for (jj, &p) in w[h * s_stride + col..h * s_stride + col + end].iter().enumerate() {
                         let v0 = jj * r.stride + r.offset;
                         V::axpy(p, &r.values[v0..v0 + dv], oh);
@@ -766,7 +772,6 @@ unsafe fn values_avx2<T: KvElem>(
     let dv = out.len() / g.max(1);
     let vp = values.as_ptr().add(offset);
     let block = if g == 1 { rn.max(1) } else { 32 };
-    let end = |h: usize| lim.map_or(rn, |l| l[h].saturating_sub(col).min(rn));
     // As for the keys: a block's widened value columns written once for all heads.
     let mut staged = [std::mem::MaybeUninit::<f32>::uninit(); STAGE];
     let stage = g > 1 && !T::IS_F32 && 32 * 64 <= STAGE;
@@ -783,7 +788,7 @@ unsafe fn values_avx2<T: KvElem>(
                 }
             }
             for h in 0..g {
-                let j1 = j1.min(end(h));
+                let j1 = j1.min(run_end(lim, h, col, rn));
                 if j1 <= j0 {
                     continue;
                 }

@@ -91,7 +91,7 @@ unsafe fn sweep<T: KvElem, const W: usize>(
             }
         }
         for h in 0..g {
-            let j1 = j1.min(lim.map_or(rn, |l| l[h].saturating_sub(col).min(rn)));
+            let j1 = j1.min(super::run_end(lim, h, col, rn));
             if j1 <= j0 {
                 continue;
             }
