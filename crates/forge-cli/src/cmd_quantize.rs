@@ -72,8 +72,13 @@ pub struct Args {
     /// Seed for every random choice (recorded in the export).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[arg(long, required_unless_present = "dry_run")]
+    output: Option<PathBuf>,
+    /// Print the projected time and peak memory of this run instead of making the export:
+    /// measured on the first layers that hold one of each layer kind and the head, with at most 8
+    /// calibration rows, in a temporary directory, then scaled to every layer and row.
     #[arg(long)]
-    output: PathBuf,
+    dry_run: bool,
     /// Continue an interrupted run in OUTPUT.
     #[arg(long)]
     resume: bool,
@@ -115,14 +120,18 @@ pub fn run(a: Args) -> Result<()> {
         lowrank_inside: a.lowrank_inside,
         reconstruct: a.reconstruct,
     };
-    let mut opts = resolve(&choices)?.options(&a.model, source, a.output.clone(), a.seed);
+    if a.dry_run {
+        return dry_run(&a, choices, source);
+    }
+    let output = a.output.clone().expect("clap requires --output without --dry-run");
+    let mut opts = resolve(&choices)?.options(&a.model, source, output.clone(), a.seed);
     opts.resume = a.resume;
     opts.check_tokens = a.check_tokens;
     let outcome = quantize(&opts)?;
-    let report = forge_quant::inspect::inspect(&a.output)?;
+    let report = forge_quant::inspect::inspect(&output)?;
     eprintln!(
         "wrote {} in {:.1} s: {:.3} bits/weight ({:.3} with embedding), {:.2} MiB packed",
-        a.output.display(),
+        output.display(),
         outcome.total_seconds,
         report.bits_per_weight,
         report.bits_per_weight_with_embedding,
@@ -144,7 +153,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let json = json!({
-        "output": a.output.display().to_string(),
+        "output": output.display().to_string(),
         "bits_per_weight": report.bits_per_weight,
         "bits_per_weight_with_embedding": report.bits_per_weight_with_embedding,
         "packed_bytes": report.packed_bytes,
@@ -155,6 +164,49 @@ pub fn run(a: Args) -> Result<()> {
     });
     if let Some(p) = &a.json_out {
         forge_core::fsutil::write_atomic(p, &serde_json::to_vec_pretty(&json)?)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    }
+    Ok(())
+}
+
+/// `--dry-run`: quantize the first layers of each kind and the head into a temporary directory
+/// with a few calibration rows, and project the whole run from it.
+fn dry_run(a: &Args, choices: Choices, source: PathBuf) -> Result<()> {
+    let (_, cfg) = forge_core::checkpoint::Checkpoint::open(&source)?;
+    let layers = forge_quant::dry_run::probe_layers(&cfg);
+    let tmp = std::env::temp_dir().join(format!("forge-dry-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let mut opts = resolve(&choices)?.options(&a.model, source, tmp.clone(), a.seed);
+    let rows = match &opts.calib {
+        Some(c) => forge_quant::calib::load_rows(None, &c.spec, c.seq).map(|r| r.len()).unwrap_or(a.ncal),
+        None => 0,
+    };
+    opts.check_tokens = a.check_tokens;
+    opts.probe = Some(forge_quant::quantize::Probe { layers, calib_rows: forge_quant::dry_run::PROBE_ROWS });
+    eprintln!(
+        "dry run: quantizing layers 0-{} and the head with at most {} calibration rows in {}",
+        layers - 1,
+        forge_quant::dry_run::PROBE_ROWS,
+        tmp.display()
+    );
+    let outcome = quantize(&opts);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let outcome = outcome?;
+    let peak = crate::cmd_bench::peak_rss().unwrap_or(0);
+    let p = forge_quant::dry_run::project(&outcome, &cfg, rows, peak);
+    eprintln!(
+        "measured {:.0} s for {} layers and the head; projected for {} layers{}:",
+        outcome.total_seconds,
+        layers,
+        cfg.num_layers,
+        if rows > 0 { format!(" and {rows} calibration rows of {} tokens", outcome.calib_seq) } else { String::new() }
+    );
+    eprint!("{}", p.to_text());
+    let json = json!({"projection": p.to_json(), "measured": outcome.stages_json(), "probe_layers": layers});
+    if let Some(path) = &a.json_out {
+        forge_core::fsutil::write_atomic(path, &serde_json::to_vec_pretty(&json)?)?;
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&json)?);

@@ -11,6 +11,11 @@ shapes of Qwen3.8-27B (qwen3_5: 64 layers = 48 Gated DeltaNet + 16 gated attenti
 248320), plus the minimal source checkpoint it needs under OUTPUT/source/. Files are generated and written one \
 layer at a time (atomically); forge.json last.
 
+With --checkpoint it writes instead the Hugging Face checkpoint `forge quantize` would receive (config.json with \
+`text_config` nested, BF16 safetensors shards with the published tensor names and their index, random ids for \
+calibration in calibration.ids): rows of spread scales and a few outlier input channels, so quantization's memory \
+and time can be measured at the real size (`--layers N` keeps the first N layers, pattern 3 DeltaNet : 1 attention).
+
 NOT A MODEL: every index, codebook, scale and factor is random, so its outputs are meaningless. It exists for \
 speed and memory benchmarks only (--model OUTPUT).";
 
@@ -25,9 +30,30 @@ pub struct Args {
     /// Seed of every random tensor (recorded in forge.json; the same seed writes identical files).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Write a BF16 Hugging Face checkpoint (the input of `forge quantize`) instead of an export.
+    #[arg(long)]
+    checkpoint: bool,
+    /// Keep only the first N layers (with --checkpoint).
+    #[arg(long, value_name = "N", requires = "checkpoint")]
+    layers: Option<usize>,
+    /// Largest shard file in bytes (with --checkpoint; Hugging Face's default 5 GB).
+    #[arg(long, value_name = "BYTES", requires = "checkpoint", default_value_t = forge_quant::synth_checkpoint::SHARD_BYTES)]
+    shard_bytes: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.checkpoint {
+        let s = forge_quant::synth_checkpoint::synth_checkpoint(&forge_quant::synth_checkpoint::Options {
+            shape: a.shape,
+            layers: a.layers,
+            output: a.output,
+            seed: a.seed,
+            shard_bytes: a.shard_bytes,
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        })?;
+        print!("{}", s.to_text());
+        return Ok(());
+    }
     let s = forge_quant::synth::synth(&forge_quant::synth::Options {
         shape: a.shape,
         output: a.output,

@@ -78,6 +78,19 @@ impl Checkpoint {
         }
     }
 
+    /// [`SafetensorsSet::release`] for every tensor whose canonical name starts with
+    /// `canonical_prefix` (`layers.3.`, `lm_head.`). A GGUF file's pages are left as they are.
+    pub fn release(&self, canonical_prefix: &str) {
+        if let Checkpoint::Hf { set, .. } = self {
+            let stored = match canonical_prefix.starts_with("lm_head") {
+                true => canonical_prefix.to_string(),
+                false => self.stored_name(canonical_prefix),
+            };
+            let names: Vec<String> = set.names().filter(|n| n.starts_with(&stored)).map(str::to_string).collect();
+            names.iter().for_each(|n| set.release(n));
+        }
+    }
+
     /// The tensor, if present; errors only on unreadable data.
     pub fn get(&self, canonical: &str) -> Result<Option<HostTensor>> {
         match self {

@@ -151,6 +151,25 @@ impl SafetensorsSet {
         let _ = name;
     }
 
+    /// Give back the resident pages of `name`'s bytes: a run that streams through a checkpoint
+    /// larger than memory (`forge quantize`) calls this once a tensor is done with, so that its
+    /// resident set stays at the tensors in use instead of every page it ever read. Borrows of
+    /// the tensor stay valid: a later read faults the same bytes back in from the file.
+    pub fn release(&self, name: &str) {
+        #[cfg(unix)]
+        if let Some(e) = self.entries.get(name) {
+            if let Backing::Map(m) = &*self.files[e.file].1 {
+                // SAFETY: the mapping is a read-only private map of a file that this process never
+                // writes, so no page of it holds data of its own: MADV_DONTNEED only drops the
+                // resident copies, and the next access reads the same file bytes again.
+                let _ =
+                    unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.end - e.start) };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = name;
+    }
+
     /// The tensor `name`, borrowed from the mapping.
     pub fn get(&self, name: &str) -> Result<Option<HostTensor>> {
         let Some(e) = self.entries.get(name) else {
@@ -370,6 +389,35 @@ mod tests {
         h.push('}');
         let e = err(file(&h, 0));
         assert!(e.contains("more than 1048576 tensors"), "{e}");
+    }
+
+    /// `release` gives the pages back (the file-backed resident set drops by the tensor's size)
+    /// and the tensor still reads the same bytes afterwards.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn released_tensor_pages_leave_the_resident_set() {
+        let n = 64 << 20;
+        let header = format!(r#"{{"t":{{"dtype":"U8","shape":[{n}],"data_offsets":[0,{n}]}}}}"#);
+        let mut bytes = file(&header, 0);
+        bytes.extend((0..n).map(|i| (i * 7 % 251) as u8));
+        let path = std::env::temp_dir().join(format!("forge-release-{}.safetensors", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        let set = SafetensorsSet::open_files(std::slice::from_ref(&path)).unwrap();
+        let rss_file = || -> i64 {
+            let s = std::fs::read_to_string("/proc/self/status").unwrap();
+            let l = s.lines().find(|l| l.starts_with("RssFile:")).unwrap();
+            l.split_whitespace().nth(1).unwrap().parse::<i64>().unwrap() * 1024
+        };
+        let sum = |set: &SafetensorsSet| set.raw("t").unwrap().2.iter().map(|&b| b as u64).sum::<u64>();
+        let want: u64 = bytes[bytes.len() - n..].iter().map(|&b| b as u64).sum();
+        assert_eq!(sum(&set), want);
+        let before = rss_file();
+        set.release("t");
+        let after = rss_file();
+        // Other tests of this process may map files meanwhile: half the tensor is the bound.
+        assert!(before - after > (n / 2) as i64, "file-backed RSS {before} -> {after}");
+        assert_eq!(sum(&set), want);
+        let _ = std::fs::remove_file(path);
     }
 
     #[test]

@@ -97,38 +97,98 @@ pub fn check_rows(tok: Option<&Tokenizer>, vocab: usize, tokens: usize) -> (Vec<
 }
 
 /// The source model's log-probabilities on the check rows, taken before any matrix changes.
+///
+/// Either whole ([`Teacher::new`]: the source model's forward before the run) or streamed
+/// alongside a layer-by-layer run ([`Teacher::streamed`]): the check rows' hidden states are then
+/// carried through each source layer before it is quantized ([`Teacher::source_layer`]) and
+/// through the quantized layer after ([`Teacher::quantized_layer`]), so a run that lets go of
+/// each layer as it finishes never needs the whole model, source or quantized, at once. The
+/// same operations in the same order: both ways give the same bits.
 pub struct Teacher {
     pub rows: Vec<Vec<u32>>,
     pub text: String,
     logp: Vec<Vec<f32>>,
+    /// Streamed: the rows' hidden states through the source's layers so far.
+    source: Vec<Vec<f32>>,
+    /// Streamed: the rows' hidden states through the quantized layers so far.
+    quantized: Vec<Vec<f32>>,
+}
+
+/// Full-vocabulary log-probabilities of each row of `z`.
+fn log_probs(z: &[f32], v: usize) -> Vec<f32> {
+    let all = vec![true; v];
+    let mut lp = vec![0f32; z.len()];
+    for (zr, lr) in z.chunks(v).zip(lp.chunks_mut(v)) {
+        let st = crate::eval::kl::row_stats(zr, &all);
+        for (i, l) in lr.iter_mut().enumerate() {
+            *l = crate::eval::kl::logp(zr, i, &st);
+        }
+    }
+    lp
+}
+
+/// Layer `l` of `model` over each row's hidden states, each row from a fresh state.
+fn advance(model: &Model, l: usize, xs: &mut [Vec<f32>]) -> Result<()> {
+    let fresh = forge_model::Session::new(&model.cfg);
+    for x in xs.iter_mut() {
+        let t = x.len() / model.cfg.hidden_size;
+        model.forward_layer(l, &mut fresh.layers[l].clone(), x, t, 0)?;
+    }
+    Ok(())
 }
 
 impl Teacher {
     pub fn new(model: &Model, rows: Vec<Vec<u32>>, text: String) -> Result<Teacher> {
         let v = model.cfg.vocab_size;
         let mut logp = Vec::with_capacity(rows.len());
-        let all = vec![true; v];
         for r in &rows {
-            let z = model.forward(&mut model.new_session(), r, Logits::All)?;
-            let mut lp = vec![0f32; z.len()];
-            for (zr, lr) in z.chunks(v).zip(lp.chunks_mut(v)) {
-                let st = crate::eval::kl::row_stats(zr, &all);
-                for (i, l) in lr.iter_mut().enumerate() {
-                    *l = crate::eval::kl::logp(zr, i, &st);
-                }
-            }
-            logp.push(lp);
+            logp.push(log_probs(&model.forward(&mut model.new_session(), r, Logits::All)?, v));
         }
-        Ok(Teacher { rows, text, logp })
+        Ok(Teacher { rows, text, logp, source: Vec::new(), quantized: Vec::new() })
     }
 
-    /// Mean KL(teacher ‖ `model`) over every position, and top-1 agreement.
+    /// A teacher to be carried through the run: the rows' embeddings in `model`.
+    pub fn streamed(model: &Model, rows: Vec<Vec<u32>>, text: String) -> Result<Teacher> {
+        let xs = rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>()?;
+        Ok(Teacher { rows, text, logp: Vec::new(), source: xs.clone(), quantized: xs })
+    }
+
+    /// Streamed: layer `l` of the source (call before it changes).
+    pub fn source_layer(&mut self, model: &Model, l: usize) -> Result<()> {
+        advance(model, l, &mut self.source)
+    }
+
+    /// Streamed: layer `l` as quantized (call once it is final).
+    pub fn quantized_layer(&mut self, model: &Model, l: usize) -> Result<()> {
+        advance(model, l, &mut self.quantized)
+    }
+
+    /// Streamed: the source's distribution through the final norm and `model`'s head (call
+    /// before the head changes).
+    pub fn source_head(&mut self, model: &Model) -> Result<()> {
+        let mut z = Vec::new();
+        for x in std::mem::take(&mut self.source) {
+            model.logits_into(&x, x.len() / model.cfg.hidden_size, &mut z)?;
+            self.logp.push(log_probs(&z, model.cfg.vocab_size));
+        }
+        Ok(())
+    }
+
+    /// Mean KL(teacher ‖ `model`) over every position, and top-1 agreement; streamed, `model`'s
+    /// head over the rows carried through its quantized layers.
     pub fn measure(&self, model: &Model) -> Result<(f64, f64, usize)> {
         let v = model.cfg.vocab_size;
         let (mut kl, mut agree, mut n) = (0f64, 0usize, 0usize);
         let none = vec![false; v];
-        for (r, tl) in self.rows.iter().zip(&self.logp) {
-            let z = model.forward(&mut model.new_session(), r, Logits::All)?;
+        for (r, tl) in self.logp.iter().enumerate() {
+            let z = match self.quantized.get(r) {
+                Some(x) => {
+                    let mut z = Vec::new();
+                    model.logits_into(x, x.len() / model.cfg.hidden_size, &mut z)?;
+                    z
+                }
+                None => model.forward(&mut model.new_session(), &self.rows[r], Logits::All)?,
+            };
             if z.len() != tl.len() {
                 bail!("check: vocabulary changed ({} logits, {} expected)", z.len(), tl.len());
             }

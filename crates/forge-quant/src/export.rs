@@ -5,7 +5,7 @@
 
 use crate::quantize_matrix::QuantMatrix;
 use anyhow::{anyhow, bail, Context, Result};
-use forge_core::fsutil::{write_atomic, write_atomic_with};
+use forge_core::fsutil::write_atomic_with;
 use half::{bf16, f16};
 use safetensors::tensor::Dtype;
 use std::borrow::Cow;
@@ -201,6 +201,7 @@ pub fn write_streaming(
     })
 }
 
+#[cfg(test)]
 /// safetensors bytes with a deterministic header (tensors and metadata in sorted order, header
 /// padded to 8 bytes), so that the same quantization always produces the same file.
 fn serialize(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], meta: &BTreeMap<String, String>) -> Vec<u8> {
@@ -213,11 +214,30 @@ fn serialize(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], meta: &BTreeMap<S
     out
 }
 
-/// Write an FP16 embedding table (untied models).
-pub fn write_embedding(path: &Path, table: &[f32], vocab: usize, hidden: usize) -> Result<()> {
-    let t = [("embed_tokens.weight".to_string(), Dtype::F16, vec![vocab, hidden], f16_bytes(table))];
+/// Embedding rows converted per step by [`write_embedding`].
+const EMBED_ROWS: usize = 4096;
+
+/// Write an FP16 embedding table (untied models), `row(t, out)` giving token `t`'s row; streamed
+/// a few thousand rows at a time, so a 248,320 × 5,120 table never sits in memory.
+pub fn write_embedding(
+    path: &Path,
+    vocab: usize,
+    hidden: usize,
+    row: impl Fn(usize, &mut [f32]) -> Result<()>,
+) -> Result<()> {
+    let spec = [TensorSpec { name: "embed_tokens.weight".into(), dtype: Dtype::F16, shape: vec![vocab, hidden] }];
     let meta: BTreeMap<String, String> = [("kind".to_string(), "embed".to_string())].into();
-    write_atomic(path, &serialize(&t, &meta))
+    write_streaming(path, &spec, &meta, |_, w| {
+        let mut buf = vec![0f32; EMBED_ROWS * hidden];
+        for t0 in (0..vocab).step_by(EMBED_ROWS) {
+            let n = EMBED_ROWS.min(vocab - t0);
+            for (i, r) in buf[..n * hidden].chunks_mut(hidden).enumerate() {
+                row(t0 + i, r)?;
+            }
+            w.write_all(&f16_bytes(&buf[..n * hidden]))?;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

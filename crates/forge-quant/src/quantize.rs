@@ -11,10 +11,11 @@ use crate::lowrank::lowrank_factors;
 use crate::plan::{Basis, Part, Plan};
 use crate::quantize_matrix::{fit_codebook, normalize, row_scales, QuantMatrix};
 use crate::quantize_matrix::{quantize_rtn, snr_db};
+use crate::row_blocks::{quantize_rows, RowBlocks};
 use anyhow::{anyhow, bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
 use forge_core::fsutil::write_atomic;
-use forge_kernels::lut::LutMatrix;
+use forge_kernels::lut::{Format, LutMatrix};
 use forge_kernels::rotation::Rotation;
 use forge_model::linear::{LowRank, Observer, Weight};
 use forge_model::model::{Embedding, Mixer, Model};
@@ -63,6 +64,8 @@ pub struct Options {
     pub resume: bool,
     /// Testing aid: fail (as a crash would) before quantizing this layer.
     pub stop_before_layer: Option<usize>,
+    /// A measuring run (`--dry-run`): only the first layers and a few calibration rows.
+    pub probe: Option<Probe>,
     /// Calibration (GPTQ).
     pub calib: Option<CalibConfig>,
     /// Weight codebook fits by `diag(H)` (ANEMLL Forge's AW=1); needs calibration.
@@ -73,6 +76,23 @@ pub struct Options {
     /// Block reconstruction rounds after each LUT matrix's fit ([`crate::reconstruct`]); 0: none.
     /// Needs calibration.
     pub reconstruct: usize,
+}
+
+/// What a measuring run quantizes: the first `layers` layers (the model cut there) and the head,
+/// calibrated on at most `calib_rows` rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    pub layers: usize,
+    pub calib_rows: usize,
+}
+
+/// One layer's share of a run.
+#[derive(Clone, Debug)]
+pub struct LayerTime {
+    pub kind: forge_core::config::LayerKind,
+    pub seconds: f64,
+    /// Seconds per stage, in [`STAGES`] order.
+    pub stages: [f64; STAGES.len()],
 }
 
 /// The stages a run's wall time is reported in.
@@ -162,6 +182,9 @@ impl Timings {
     pub fn get(&self, stage: Stage) -> f64 {
         self.secs.lock().unwrap()[stage as usize]
     }
+    fn snapshot(&self) -> [f64; STAGES.len()] {
+        *self.secs.lock().unwrap()
+    }
     /// Run `f`, whose stages overlap in time (matrices quantized concurrently), and scale what
     /// it added to the stages down to its wall time, so that the stages still add up.
     pub fn concurrent<T>(&self, f: impl FnOnce() -> T) -> T {
@@ -188,6 +211,11 @@ pub struct Outcome {
     pub stages: Vec<(Stage, f64)>,
     pub total_seconds: f64,
     pub check: Option<crate::check::Check>,
+    /// Each layer's seconds (a layer resumed from an earlier run included).
+    pub layers: Vec<LayerTime>,
+    /// Number of calibration rows and tokens per row the run used (0, 0 without calibration).
+    pub calib_rows: usize,
+    pub calib_seq: usize,
 }
 
 impl Outcome {
@@ -278,7 +306,7 @@ pub struct InputStats {
 }
 
 /// Rotate a Hessian into a rotation's basis: `H' = Mᵀ H M`.
-fn rotate_hessian(h: &[f64], n: usize, r: &Rotation) -> Vec<f64> {
+pub(crate) fn rotate_hessian(h: &[f64], n: usize, r: &Rotation) -> Vec<f64> {
     let mut a: Vec<f32> = h.iter().map(|&v| v as f32).collect();
     r.rotate_weight(&mut a, n); // H M
     let mut at = vec![0f32; n * n];
@@ -292,7 +320,7 @@ fn rotate_hessian(h: &[f64], n: usize, r: &Rotation) -> Vec<f64> {
 }
 
 /// Quantize one linear layer: returns the export entry and the quantized `Linear`.
-fn quantize_linear(
+pub(crate) fn quantize_linear(
     lin: &Linear,
     o: &Options,
     stats: Option<&InputStats>,
@@ -302,14 +330,16 @@ fn quantize_linear(
     let plan = &o.plan;
     let format = plan.format_for(name)?;
     let (out, cin) = (lin.out_f, lin.in_f);
-    let w = lin.effective_weight()?;
-    let rot = (plan.basis_for(name)? == Basis::Online && format.is_lut()
-        || plan.basis_for(name)? == Basis::Online && format == forge_kernels::lut::Format::Int8)
+    let rot = (plan.basis_for(name)? == Basis::Online && (format.is_lut() || format == Format::Int8))
         .then(|| Rotation::new(cin, Plan::rotation_seed(name).unwrap()));
     let seed = matrix_seed(o.seed, name);
-    let lr_cfg = o.lowrank.as_ref().filter(|c| {
-        c.applies(name) && format != forge_kernels::lut::Format::Bf16 && format != forge_kernels::lut::Format::F16
-    });
+    let lr_cfg = o.lowrank.as_ref().filter(|c| c.applies(name) && format != Format::Bf16 && format != Format::F16);
+    let rows_ok = lin.rotation.is_none() && lin.lowrank.is_none() && o.reconstruct == 0;
+    let big = out * cin > RowBlocks::DEFAULT.above;
+    if big && lr_cfg.is_none() && rows_ok && (format.is_lut() || format == Format::Int8) {
+        return quantize_rows(lin, o, stats, tm, format, rot, seed, RowBlocks::DEFAULT);
+    }
+    let w = lin.effective_weight()?;
     let rotate = |v: &mut Vec<f32>| {
         if let Some(r) = &rot {
             r.rotate_weight(v, out)
@@ -419,6 +449,9 @@ fn quantize_linear(
     let entry = MatrixEntry { key, q, rotation: rot.map(|r| (r.seed, r.block)), lowrank, stats: st };
     Ok((entry, new))
 }
+
+/// Rows of the embedding table written between two releases of its source pages.
+const EMBED_RELEASE_ROWS: usize = 1 << 15;
 
 /// What block reconstruction did to one matrix.
 struct Reconstructed {
@@ -608,6 +641,17 @@ fn groups(m: &Model, l: usize) -> Vec<Vec<usize>> {
     }
 }
 
+/// Let go of a finished layer: its matrices leave memory (the export's files hold them; nothing
+/// later in the run reads them) and the source pages it was read from are given back, which
+/// keeps a streamed run's memory at one layer whatever the depth.
+fn retire_layer(model: &mut Model, ck: &Checkpoint, l: usize) {
+    for lin in model.layer_linears_mut(l) {
+        let empty = forge_core::tensor::HostTensor::from_f32(vec![0, 0], Vec::new());
+        *lin = Linear::dense(lin.name.clone(), empty, None);
+    }
+    ck.release(&format!("layers.{l}."));
+}
+
 fn put_linear(model: &mut Model, l: Option<usize>, i: usize, lin: Linear) {
     match l {
         Some(l) => *model.layer_linears_mut(l)[i] = lin,
@@ -670,6 +714,7 @@ pub fn options_from_json(v: &Value, source: PathBuf, output: PathBuf) -> Result<
         output,
         resume: false,
         stop_before_layer: None,
+        probe: None,
         calib,
         aw: field("aw")?.as_bool().unwrap_or(false),
         lowrank,
@@ -707,8 +752,12 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         write_atomic(&partial, serde_json::to_string_pretty(&opts_json)?.as_bytes())?;
     }
     let t_load = Instant::now();
-    let (ck, cfg) = Checkpoint::open(&o.source)?;
+    let (ck, mut cfg) = Checkpoint::open(&o.source)?;
     o.plan.check_layers(cfg.num_layers)?;
+    if let Some(p) = o.probe {
+        cfg.num_layers = p.layers.clamp(1, cfg.num_layers);
+        cfg.layer_kinds.truncate(cfg.num_layers);
+    }
     let tied = cfg.tie_embeddings;
     // A GGUF source keeps its block-quantized matrices in the file's mapping; each is decoded
     // to f32 only when its turn comes (`Linear::effective_weight`).
@@ -716,12 +765,19 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
     let n_layers = model.layers.len();
     let tok = forge_model::load::load_tokenizer(&ck).ok();
     tm.add(Stage::Load, t_load.elapsed().as_secs_f64());
+    // An untied model streams: each layer leaves memory once written (its source pages too),
+    // and the check follows the layers as they go. A tied head is the embedding every layer is
+    // calibrated on, so it is quantized first, against the whole source model.
+    let streamed = !tied;
     // The source's distribution on the check rows, before any matrix changes.
-    let teacher = (o.check_tokens > 0)
+    let mut teacher = (o.check_tokens > 0)
         .then(|| {
             tm.time(Stage::Check, || {
                 let (rows, text) = crate::check::check_rows(tok.as_ref(), model.cfg.vocab_size, o.check_tokens);
-                crate::check::Teacher::new(&model, rows, text)
+                match streamed {
+                    true => crate::check::Teacher::streamed(&model, rows, text),
+                    false => crate::check::Teacher::new(&model, rows, text),
+                }
             })
         })
         .transpose()?;
@@ -746,12 +802,17 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
     let t_cal = Instant::now();
     let mut cal = match (o.method, &o.calib) {
         (_, Some(c)) => {
-            let rows = crate::calib::load_rows(tok.as_ref(), &c.spec, c.seq)?;
-            if c.holdout >= rows.len() {
-                bail!("holding out {} of {} calibration rows leaves none to fit", c.holdout, rows.len());
+            let mut rows = crate::calib::load_rows(tok.as_ref(), &c.spec, c.seq)?;
+            let mut holdout = c.holdout;
+            if let Some(p) = o.probe {
+                rows.truncate(p.calib_rows.max(2));
+                holdout = holdout.min(rows.len() / 2);
+            }
+            if holdout >= rows.len() {
+                bail!("holding out {holdout} of {} calibration rows leaves none to fit", rows.len());
             }
             let xs = rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>()?;
-            Some((Calib { xs, n_fit: rows.len() - c.holdout }, rows))
+            Some((Calib { xs, n_fit: rows.len() - holdout }, rows))
         }
         (Method::Gptq, None) => bail!("GPTQ needs calibration data"),
         _ => None,
@@ -807,7 +868,22 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
             c.xs = tm.time(Stage::CalibForward, || rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>())?;
         }
     }
+    let mut layer_times = Vec::with_capacity(n_layers);
     for l in 0..n_layers {
+        let (t_layer, before) = (Instant::now(), tm.snapshot());
+        let kind = model.cfg.layer_kinds[l];
+        // Per-layer pace next to the matrices' ETA: layers of one model cost about the same.
+        let done: Vec<f64> = layer_times.iter().filter(|t: &&LayerTime| t.kind == kind).map(|t| t.seconds).collect();
+        let pace = match done.len() {
+            0 => String::new(),
+            n => format!(", {:.0} s a {kind:?} layer", done.iter().sum::<f64>() / n as f64),
+        };
+        pb.set_prefix(format!("{} layer {}/{n_layers}{pace}", o.method.name(), l + 1));
+        let mut timed = |tm: &Timings| {
+            let now = tm.snapshot();
+            let stages = std::array::from_fn(|i| now[i] - before[i]);
+            layer_times.push(LayerTime { kind, seconds: t_layer.elapsed().as_secs_f64(), stages });
+        };
         if o.stop_before_layer == Some(l) {
             bail!("stopped before layer {l} (stop_before_layer)");
         }
@@ -815,6 +891,19 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         let mixer_file = out.join(format!("layer_{l:02}_mixer.safetensors"));
         let names: Vec<(String, usize, usize)> =
             layer_linears(&model, l).iter().map(|x| (x.name.clone(), x.out_f, x.in_f)).collect();
+        if let Some(t) = teacher.as_mut().filter(|_| streamed) {
+            tm.time(Stage::Check, || t.source_layer(&model, l))?;
+        }
+        // The layer is final: the check takes it, and a streamed run lets go of it.
+        let finish = |model: &mut Model, teacher: &mut Option<crate::check::Teacher>| -> Result<()> {
+            if let Some(t) = teacher.as_mut().filter(|_| streamed) {
+                tm.time(Stage::Check, || t.quantized_layer(model, l))?;
+            }
+            if streamed {
+                retire_layer(model, &ck, l);
+            }
+            Ok(())
+        };
         if o.resume && mlp_file.exists() && mixer_file.exists() {
             // Finished before the interruption: load it, so later layers calibrate on it.
             for (i, (name, of, inf)) in names.iter().enumerate() {
@@ -827,6 +916,8 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
             if let Some((c, _)) = &mut cal {
                 c.pass(&mut model, l, None, true, &tm)?;
             }
+            finish(&mut model, &mut teacher)?;
+            timed(&tm);
             pb.inc(names.len() as u64);
             continue;
         }
@@ -887,6 +978,9 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         meta.insert("seed_mid".to_string(), (2000 + l).to_string());
         meta.insert("block".to_string(), mlp[0].rotation.map_or(0, |r| r.1).to_string());
         tm.time(Stage::Write, || write_file(&mlp_file, "mlp", &mlp, &meta))?;
+        drop(mlp);
+        finish(&mut model, &mut teacher)?;
+        timed(&tm);
     }
     if !tied {
         let stats = match &cal {
@@ -908,20 +1002,22 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
             }
             None => None,
         };
+        if let Some(t) = &mut teacher {
+            tm.time(Stage::Check, || t.source_head(&model))?;
+        }
         quantize_head(&mut model, stats.as_ref())?;
-        tm.time(Stage::Write, || -> Result<()> {
-            let source =
-                forge_model::load::model_with_options(&ck, model.cfg.clone(), &|_, _, _| Ok(None), Default::default())?;
-            if !matches!(source.embed, Embedding::TiedHead) {
-                let (v, h) = (model.cfg.vocab_size, model.cfg.hidden_size);
-                let mut table = vec![0f32; v * h];
-                for (t, row) in table.chunks_mut(h).enumerate() {
-                    source.embed_row(t as u32, row)?;
+        ck.release("lm_head.");
+        // The untied embedding is the source's, unchanged (FP16 in the export); its pages are
+        // given back as the table streams through.
+        tm.time(Stage::Write, || {
+            write_embedding(&out.join("embed.safetensors"), model.cfg.vocab_size, model.cfg.hidden_size, |t, row| {
+                if t > 0 && t % EMBED_RELEASE_ROWS == 0 {
+                    ck.release("embed_tokens.");
                 }
-                write_embedding(&out.join("embed.safetensors"), &table, v, h)?;
-            }
-            Ok(())
+                model.embed_row(t as u32, row)
+            })
         })?;
+        ck.release("embed_tokens.");
     }
     pb.finish_and_clear();
     let check = match &teacher {
@@ -955,7 +1051,11 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
     let named: f64 = STAGES.iter().filter(|&&s| s != Stage::Other).map(|&s| tm.get(s)).sum();
     tm.add(Stage::Other, (total_seconds - named).max(0.0));
     let stages = STAGES.iter().map(|&s| (s, tm.get(s))).collect();
-    Ok(Outcome { manifest, stages, total_seconds, check })
+    let (calib_rows, calib_seq) = match (&cal, &o.calib) {
+        (Some((c, _)), Some(cc)) => (c.xs.len(), cc.seq),
+        _ => (0, 0),
+    };
+    Ok(Outcome { manifest, stages, total_seconds, check, layers: layer_times, calib_rows, calib_seq })
 }
 
 fn final_norm_rows(model: &Model, x: &[f32], t: usize) -> Vec<f32> {

@@ -75,6 +75,7 @@ impl Recipe {
             output,
             resume: false,
             stop_before_layer: None,
+            probe: None,
             calib: self.calib,
             aw: self.aw,
             lowrank: self.lowrank,

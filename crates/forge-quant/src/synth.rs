@@ -48,7 +48,7 @@ pub const LOWRANK_RANK: usize = 64;
 pub const SOURCE_DIR: &str = "source";
 
 /// Typical row scale (RMS of a row of a trained 5120-wide projection); rows get ±25 % around it.
-const ROW_SCALE: f32 = 0.02;
+pub(crate) const ROW_SCALE: f32 = 0.02;
 /// The low-rank correction `AB` is about this fraction of the weight RMS.
 const LOWRANK_FRACTION: f32 = 0.1;
 
@@ -99,6 +99,21 @@ impl Shape {
 
     pub fn model_config(&self) -> Result<ModelConfig> {
         ModelConfig::from_hf_json(&self.config).with_context(|| format!("shape {}", self.name))
+    }
+
+    /// The same shape with only its first `n` layers (the layer pattern kept), for measurements
+    /// that scale per layer.
+    pub fn with_layers(mut self, n: usize) -> Result<Shape> {
+        let t = &mut self.config["text_config"];
+        let full = t["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        if n == 0 || n > full {
+            bail!("--layers {n}: the {} shape has 1 to {full} layers", self.name);
+        }
+        t["num_hidden_layers"] = json!(n);
+        if let Some(types) = t["layer_types"].as_array_mut() {
+            types.truncate(n);
+        }
+        Ok(self)
     }
 
     /// The release-0.2 plan for this shape (see [`release_02_plan`]).
@@ -318,13 +333,13 @@ pub fn layer_matrices(cfg: &ModelConfig, l: usize) -> Vec<(String, usize, usize)
 /// Values per independently seeded chunk (fixed, so the output does not depend on threads).
 const CHUNK: usize = 1 << 16;
 
-fn chunk_rng(seed: u64, name: &str, tag: &str, chunk: usize) -> Rng {
+pub(crate) fn chunk_rng(seed: u64, name: &str, tag: &str, chunk: usize) -> Rng {
     let base = matrix_seed(seed, &format!("{name}#{tag}"));
     Rng::new(base ^ (chunk as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// `n` normal samples of standard deviation `std`.
-fn normals(seed: u64, name: &str, tag: &str, n: usize, std: f32) -> Vec<f32> {
+pub(crate) fn normals(seed: u64, name: &str, tag: &str, n: usize, std: f32) -> Vec<f32> {
     let mut v = vec![0f32; n];
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
         let z = normal_samples(&mut chunk_rng(seed, name, tag, c), out.len());
@@ -412,10 +427,10 @@ fn synth_matrix(seed: u64, plan: &Plan, name: &str, cout: usize, cin: usize) -> 
 
 // ---- the source checkpoint ---------------------------------------------------------------
 
-const SOURCE_PREFIX: &str = "model.language_model.";
+pub(crate) const SOURCE_PREFIX: &str = "model.language_model.";
 
 /// What the export does not hold, named as in the real checkpoint: (canonical name, dtype, shape).
-fn source_tensors(cfg: &ModelConfig) -> Vec<(String, Dtype, Vec<usize>)> {
+pub(crate) fn source_tensors(cfg: &ModelConfig) -> Vec<(String, Dtype, Vec<usize>)> {
     let h = cfg.hidden_size;
     let mut v = vec![
         ("embed_tokens.weight".to_string(), Dtype::BF16, vec![cfg.vocab_size, h]),
@@ -446,7 +461,7 @@ fn source_tensors(cfg: &ModelConfig) -> Vec<(String, Dtype, Vec<usize>)> {
 
 /// Values of a small source tensor, drawn as the Qwen3.5 fixtures draw them (zero-centred norms
 /// near 0, the gated norm's plain weight near 1, `A_log` in [log 0.5, log 8]).
-fn small_source_values(seed: u64, name: &str, n: usize) -> Vec<f32> {
+pub(crate) fn small_source_values(seed: u64, name: &str, n: usize) -> Vec<f32> {
     if name.ends_with("A_log") {
         let mut rng = chunk_rng(seed, name, "src", 0);
         let (lo, hi) = (0.5f64.ln(), 8f64.ln());
@@ -466,7 +481,7 @@ fn small_source_values(seed: u64, name: &str, n: usize) -> Vec<f32> {
     v
 }
 
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+pub(crate) fn bf16_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect()
 }
 
@@ -503,6 +518,20 @@ fn write_source(dir: &Path, shape: &Shape, cfg: &ModelConfig, seed: u64, pb: &Pr
         }
         Ok(())
     })
+}
+
+/// The progress bar of a synthesis run, counting weights (hidden when `show` is false).
+pub(crate) fn weights_bar(show: bool, weights: usize) -> ProgressBar {
+    let pb = if show { ProgressBar::new(weights as u64) } else { ProgressBar::hidden() };
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {human_pos}/{human_len} weights, {elapsed} elapsed, ETA {eta} {msg}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    pb.set_prefix("synth");
+    pb
 }
 
 // ---- the run --------------------------------------------------------------------------------
@@ -610,15 +639,7 @@ pub fn synth(o: &Options) -> Result<Summary> {
     let n_layers = cfg.num_layers;
     let total: usize = (0..n_layers).flat_map(|l| layer_matrices(&cfg, l)).map(|(_, o, i)| o * i).sum::<usize>()
         + 2 * cfg.vocab_size * cfg.hidden_size; // head + embedding
-    let pb = if o.progress { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{prefix} [{bar:30}] {human_pos}/{human_len} weights, {elapsed} elapsed, ETA {eta} {msg}",
-        )
-        .unwrap()
-        .progress_chars("=> "),
-    );
-    pb.set_prefix("synth");
+    let pb = weights_bar(o.progress, total);
 
     let source = out.join(SOURCE_DIR);
     write_source(&source, &shape, &cfg, o.seed, &pb)?;

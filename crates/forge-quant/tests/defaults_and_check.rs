@@ -145,3 +145,27 @@ fn the_check_passes_a_working_export_and_flags_a_broken_one() {
     let expected = forge_quant::check::expected_kl(Format::Int8, Method::Rtn);
     assert!(Check::judge(kl, top1, n, text, expected, vec![]).broken(), "KL {kl}");
 }
+
+/// An untied model's check is carried through the run layer by layer while each layer leaves
+/// memory once written; it gives the bits of the whole-model check: the source's forward
+/// against the export's, both loaded whole (the export with the source's embedding, as the run
+/// holds it: the export stores it in FP16).
+#[test]
+fn the_streamed_check_equals_the_whole_model_check() {
+    for src in ["llama_tiny", "qwen35_tiny"] {
+        let out = tmp(&format!("streamed-{src}"));
+        let o = run(&fixture(src), "lut4", &out, |c| c.head = Some("lut4".into()));
+        let streamed = o.check.as_ref().unwrap();
+        let (ck, cfg) = Checkpoint::open(&fixture(src)).unwrap();
+        assert!(!cfg.tie_embeddings, "{src}: the streamed path is the untied one");
+        let source = forge_model::Model::load(&ck, cfg.clone()).unwrap();
+        let (rows, text) = forge_quant::check::check_rows(None, cfg.vocab_size, forge_quant::check::DEFAULT_TOKENS);
+        let t = Teacher::new(&source, rows, text).unwrap();
+        let mut export = load(&out).unwrap().model;
+        export.embed = source.embed.clone();
+        let (kl, top1, n) = t.measure(&export).unwrap();
+        assert_eq!((streamed.kl, streamed.top1, streamed.positions), (kl, top1, n), "{src}");
+        assert!(kl > 1e-4, "{src}: a lut4 export differs from its source (KL {kl})");
+        let _ = std::fs::remove_dir_all(out);
+    }
+}

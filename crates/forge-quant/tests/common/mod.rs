@@ -15,6 +15,7 @@ pub fn rtn_options(source_arg: &str, source: PathBuf, plan: Plan, seed: u64, out
         output: out.to_path_buf(),
         resume: false,
         stop_before_layer: None,
+        probe: None,
         calib: None,
         aw: false,
         lowrank: None,
