@@ -1,6 +1,7 @@
 //! `forge bench`: prefill and decode speed of a model, weight bytes per token, effective GB/s
 //! next to the machine's read bandwidth measured in the same run, and memory by category;
-//! `--kernels`: GB/s of each packed matrix kernel against its scalar reference.
+//! `--kernels`: GB/s of each packed matrix kernel against its scalar reference; `--quantize-stages`:
+//! GFLOP/s of the quantizer's heavy stages against the FMA peak.
 
 use anyhow::Result;
 use forge_kernels::lut::{synthetic, Format, Synthetic};
@@ -34,7 +35,11 @@ pub struct Args {
     /// Kernel microbenchmark (2048×2048 per format) instead of a model.
     #[arg(long)]
     kernels: bool,
-    /// Matrix shape for --kernels, OUTxIN (e.g. 17408x5120, a 27B MLP matrix; each case cycles
+    /// The heavy stages of `forge quantize` (calibration forward, Hessian, H⁻¹ factor, GPTQ
+    /// sweep) on one matrix of --shape, each as GFLOP/s against the FMA peak of every thread.
+    #[arg(long, conflicts_with = "kernels")]
+    quantize_stages: bool,
+    /// Matrix shape for --kernels and --quantize-stages, OUTxIN (e.g. 17408x5120, a 27B MLP matrix; each case cycles
     /// through copies of it adding up to four times the last-level cache, at least 512 MiB, so
     /// that the weights come from memory, not cache)
     #[arg(long, default_value = "2048x2048")]
@@ -67,6 +72,11 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let threads = rayon::current_num_threads();
     let probe = Probe::new(a.bandwidth_gib);
+    if a.quantize_stages {
+        let (cout, cin) = parse_shape(&a.shape)?;
+        let b = crate::bench_quant::StageBench { cout, cin, repeats: a.repeats, json: a.json };
+        return crate::bench_quant::run(&b);
+    }
     if a.kernels {
         return kernels(&a, threads, &probe);
     }
@@ -630,13 +640,16 @@ fn parse_cache_size(s: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(mult)
 }
 
-fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
-    let (cout, cin) = a
-        .shape
+fn parse_shape(shape: &str) -> Result<(usize, usize)> {
+    shape
         .split_once('x')
         .and_then(|(o, i)| Some((o.parse::<usize>().ok()?, i.parse::<usize>().ok()?)))
         .filter(|&(o, i)| o > 0 && i > 0 && o % 2 == 0)
-        .ok_or_else(|| anyhow::anyhow!("--shape {:?}: expected OUTxIN with an even OUT, e.g. 2048x2048", a.shape))?;
+        .ok_or_else(|| anyhow::anyhow!("--shape {shape:?}: expected OUTxIN with an even OUT, e.g. 2048x2048"))
+}
+
+fn kernels(a: &Args, threads: usize, probe: &Probe) -> Result<()> {
+    let (cout, cin) = parse_shape(&a.shape)?;
     let mut s = 1u64;
     let mut rnd = move || {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);

@@ -2,6 +2,7 @@
 
 mod bench_batch;
 mod bench_fill;
+mod bench_quant;
 mod bench_spec;
 mod cmd_bench;
 mod cmd_bundle;

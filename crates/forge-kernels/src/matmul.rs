@@ -212,6 +212,96 @@ fn gemm_f32_with(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, y: &mut [f3
     }
 }
 
+/// A row-major matrix operand of [`gemm_strided`]: `data` holds it with row stride `ld`; `t`
+/// reads it transposed (`data` then holds the `cols × rows` matrix whose transpose is used).
+#[derive(Clone, Copy)]
+pub struct Op<'a, T> {
+    pub data: &'a [T],
+    pub ld: usize,
+    pub t: bool,
+}
+
+impl<'a, T> Op<'a, T> {
+    pub fn n(data: &'a [T], ld: usize) -> Self {
+        Op { data, ld, t: false }
+    }
+    pub fn t(data: &'a [T], ld: usize) -> Self {
+        Op { data, ld, t: true }
+    }
+    /// (row stride, column stride) of the operand as used.
+    fn strides(&self) -> (usize, usize) {
+        if self.t {
+            (1, self.ld)
+        } else {
+            (self.ld, 1)
+        }
+    }
+    fn check(&self, rows: usize, cols: usize, what: &str) {
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let (rs, cs) = self.strides();
+        assert!(cs == 1 || rs == 1, "{what}: one stride must be 1");
+        assert!(self.ld >= if self.t { rows } else { cols }, "{what}: leading dimension too small");
+        assert!((rows - 1) * rs + (cols - 1) * cs < self.data.len(), "{what}: {rows}×{cols} out of bounds");
+    }
+}
+
+/// The element types [`gemm_strided`] takes.
+pub trait Float: Copy + Default + PartialEq + 'static {}
+impl Float for f32 {}
+impl Float for f64 {}
+
+/// `C (m×n, row stride ldc) = alpha·C + beta·op(A)·op(B)` (f32 or f64), with `op(A)` `m×k` and
+/// `op(B)` `k×n`; `alpha = 0` ignores C's previous contents. One thread: callers parallelize
+/// over blocks of rows.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_strided<T: Float>(
+    c: &mut [T],
+    ldc: usize,
+    a: Op<T>,
+    b: Op<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: T,
+    beta: T,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(ldc >= n && (m - 1) * ldc + n <= c.len(), "gemm_strided: C {m}×{n} out of bounds");
+    a.check(m, k, "gemm_strided: A");
+    b.check(k, n, "gemm_strided: B");
+    let ((ars, acs), (brs, bcs)) = (a.strides(), b.strides());
+    // SAFETY: the checks above bound every access: C's element (i, j) is c[i·ldc + j] with
+    // i < m, j < n inside c; op(A)'s (i, l) is a.data[i·ars + l·acs] with i < m, l < k inside
+    // a.data; op(B)'s (l, j) likewise inside b.data. C is a unique borrow, so it aliases neither.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            alpha != T::default(),
+            a.data.as_ptr(),
+            acs as isize,
+            ars as isize,
+            b.data.as_ptr(),
+            bcs as isize,
+            brs as isize,
+            alpha,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
 /// Scalar reference: the definition, sequential f32 accumulation.
 pub fn matmul_ref(x: &[f32], t: usize, w: &[f32], n_out: usize, n_in: usize) -> Vec<f32> {
     let mut y = vec![0f32; t * n_out];
@@ -241,6 +331,42 @@ mod tests {
     fn check(a: &[f32], b: &[f32], n_in: usize) {
         for (x, y) in a.iter().zip(b) {
             assert!((x - y).abs() <= 1e-5 * (n_in as f32).sqrt() * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn strided_gemm_matches_the_definition_for_every_transpose_and_stride() {
+        let (m, n, k) = (37, 29, 45);
+        let (lda, ldb, ldc) = (53, 61, 40);
+        let a: Vec<f64> = rnd(64 * lda, 3).into_iter().map(f64::from).collect();
+        let b: Vec<f64> = rnd(64 * ldb, 4).into_iter().map(f64::from).collect();
+        let c0: Vec<f64> = rnd(m * ldc, 5).into_iter().map(f64::from).collect();
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let at = |i: usize, l: usize| if ta { a[l * lda + i] } else { a[i * lda + l] };
+            let bt = |l: usize, j: usize| if tb { b[j * ldb + l] } else { b[l * ldb + j] };
+            let mut c = c0.clone();
+            let (opa, opb) = (Op { data: &a, ld: lda, t: ta }, Op { data: &b, ld: ldb, t: tb });
+            gemm_strided(&mut c, ldc, opa, opb, m, n, k, 0.5, -2.0);
+            for i in 0..m {
+                for j in 0..ldc {
+                    let want = if j < n {
+                        0.5 * c0[i * ldc + j] - 2.0 * (0..k).map(|l| at(i, l) * bt(l, j)).sum::<f64>()
+                    } else {
+                        c0[i * ldc + j]
+                    };
+                    let got = c[i * ldc + j];
+                    assert!((got - want).abs() <= 1e-12 * (1.0 + want.abs()), "{ta} {tb} ({i},{j}): {got} vs {want}");
+                }
+            }
+            // The same product in f32, against the f64 one.
+            let (a32, b32): (Vec<f32>, Vec<f32>) =
+                (a.iter().map(|&v| v as f32).collect(), b.iter().map(|&v| v as f32).collect());
+            let mut c32: Vec<f32> = c0.iter().map(|&v| v as f32).collect();
+            let (opa, opb) = (Op { data: &a32, ld: lda, t: ta }, Op { data: &b32, ld: ldb, t: tb });
+            gemm_strided(&mut c32, ldc, opa, opb, m, n, k, 0.5, -2.0);
+            for (got, want) in c32.iter().zip(&c) {
+                assert!((*got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "f32 {ta} {tb}: {got} vs {want}");
+            }
         }
     }
 

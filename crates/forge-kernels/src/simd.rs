@@ -195,6 +195,57 @@ pub fn dot_rates() -> Option<(f64, f64)> {
     }
 }
 
+/// f32 multiply-adds per second of one core's widest FMA units (512-bit with the AVX-512
+/// kernels, else 256-bit AVX2/FMA), the peak that dense linear algebra is judged against;
+/// `None` without FMA. f64 runs at half the f32 rate on the same units. Measured on the calling
+/// thread: run it on every thread at once for the machine's peak.
+pub fn fma_peak() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some((f, _)) = dot_rates() {
+            return Some(f);
+        }
+        if !has_avx2_fma() {
+            return None;
+        }
+        let n = 1 << 16;
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            // SAFETY: AVX2 and FMA were detected above.
+            std::hint::black_box(unsafe { probe_fma256(n) });
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Some((n * PROBE_CHAINS * 8) as f64 / best.max(1e-9))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// `n` rounds of [`PROBE_CHAINS`] independent 256-bit FMAs `a = a·0.999 + 0.001`, chain `i`
+/// starting at `i`; returns the sum of every lane, chain by chain.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn probe_fma256(n: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (b, c) = (_mm256_set1_ps(0.999), _mm256_set1_ps(1e-3));
+    let mut a: [__m256; PROBE_CHAINS] = std::array::from_fn(|i| _mm256_set1_ps(i as f32));
+    for _ in 0..n {
+        for v in a.iter_mut() {
+            *v = _mm256_fmadd_ps(*v, b, c);
+        }
+    }
+    let mut sum = 0f32;
+    for v in a {
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        sum += lanes.iter().sum::<f32>();
+    }
+    sum
+}
+
 /// Independent accumulator chains of the probe: enough to cover latency 4–5 at two a cycle.
 #[cfg(target_arch = "x86_64")]
 const PROBE_CHAINS: usize = 12;
@@ -417,6 +468,28 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fma_probe_computes_its_chains() {
+        if !has_avx2_fma() {
+            eprintln!("fma_probe_computes_its_chains: no AVX2/FMA on this CPU, skipped");
+            return;
+        }
+        let n = 1000;
+        // SAFETY: AVX2 and FMA were detected above.
+        let got = unsafe { probe_fma256(n) };
+        let mut want = 0f32;
+        for i in 0..PROBE_CHAINS {
+            let mut a = i as f32;
+            for _ in 0..n {
+                a = a.mul_add(0.999, 1e-3);
+            }
+            want += (0..8).map(|_| a).sum::<f32>();
+        }
+        assert_eq!(got, want);
+        assert!(fma_peak().unwrap() > 1e8);
+    }
 
     use crate::testutil::data;
 

@@ -32,13 +32,6 @@ fn by_rows(data: &mut [f32], width: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync
     }
 }
 
-/// [`by_rows`] over two row-aligned slices of the same row width.
-fn by_rows2(a: &mut [f32], b: &mut [f32], width: usize, f: PairTask<f32, f32>) {
-    match rows_per_task(a.len() / width.max(1)) {
-        Some(per) => par_chunks2_mut(a, per * width, b, per * width, &|i, x, y| f(i * per, x, y)),
-        None => f(0, a, b),
-    }
-}
 use crate::session::{DeltaState, KvCache, KvDtype, KvRows, LayerState, Session};
 use anyhow::{bail, Context, Result};
 use forge_core::checkpoint::Checkpoint;
@@ -52,7 +45,7 @@ use forge_kernels::deltanet;
 use forge_kernels::norm::{l2norm_inplace, rmsnorm, rmsnorm_gated, rmsnorm_inplace};
 use forge_kernels::rope::Rope;
 use forge_kernels::scratch::Buf;
-use forge_kernels::team::{par_chunks2_mut, par_chunks_mut, with_team, PairTask};
+use forge_kernels::team::{par_chunks2_mut, par_chunks_mut, with_team};
 
 /// Gated DeltaNet chunk length for prefill (as transformers and FLA).
 pub const DELTANET_CHUNK: usize = 64;
@@ -631,31 +624,22 @@ impl Model {
         self.forward_segments(li, &mut [Segment { state: st, t, pos0 }], x)
     }
 
-    /// One decoder layer over the rows of `x` (in place), cut into the segments of several
-    /// sequences: the matrices see every row at once, the token mixer each segment alone.
-    fn forward_segments(&self, li: usize, segs: &mut [Segment], x: &mut [f32]) -> Result<()> {
+    /// The first half of layer `li` over `x` (in place): `x += mixer(input_norm(x))`. With
+    /// [`Model::forward_mlp`] after it, the same numbers as [`Model::forward_layer`].
+    pub fn forward_mixer(&self, li: usize, st: &mut LayerState, x: &mut [f32], t: usize, pos0: usize) -> Result<()> {
+        anyhow::ensure!(x.len() == t * self.cfg.hidden_size, "{} values for {t} rows", x.len());
+        self.mixer_segments(li, &mut [Segment { state: st, t, pos0 }], x)
+    }
+
+    /// The second half of layer `li` over the `x.len() / hidden` rows of `x` (in place):
+    /// `x += mlp(post_norm(x))`. Rows are independent here.
+    pub fn forward_mlp(&self, li: usize, x: &mut [f32]) -> Result<()> {
         let h = self.cfg.hidden_size;
+        anyhow::ensure!(x.len().is_multiple_of(h), "{} values are not rows of {h}", x.len());
         let t = x.len() / h;
-        let (zc, eps) = (self.cfg.norm_zero_centered, self.cfg.rms_eps);
         let layer = &self.layers[li];
         let mut timer = crate::profile::start();
-        let mut hbuf = Buf::for_overwrite(t * h);
-        by_rows(&mut hbuf, h, &|r0, hb| {
-            for (xi, hi) in x[r0 * h..].chunks(h).zip(hb.chunks_mut(h)) {
-                rmsnorm(xi, &layer.input_norm, eps, zc, hi);
-            }
-        });
-        let (m, part) = match &layer.mixer {
-            Mixer::Attention(a) => (self.attention(li, a, segs, &hbuf, t)?, crate::profile::Part::Attention),
-            Mixer::DeltaNet(d) => (self.deltanet(li, d, segs, &hbuf, t)?, crate::profile::Part::DeltaNet),
-        };
-        timer.stop(part);
-        by_rows2(x, &mut hbuf, h, &|r0, xs, hb| {
-            xs.iter_mut().zip(&m[r0 * h..]).for_each(|(a, b)| *a += b);
-            for (xi, hi) in xs.chunks(h).zip(hb.chunks_mut(h)) {
-                rmsnorm(xi, &layer.post_norm, eps, zc, hi);
-            }
-        });
+        let hbuf = self.norm_rows(x, &layer.post_norm);
         let f = self.cfg.intermediate_size;
         let (mut g, mut u) = (Buf::for_overwrite(t * f), Buf::for_overwrite(t * f));
         Linear::forward_shared_into(&[&layer.mlp.gate, &layer.mlp.up], &hbuf, t, &mut [&mut g, &mut u])?;
@@ -663,6 +647,42 @@ impl Model {
         let d = layer.mlp.down.forward_buf(&g, t)?;
         by_rows(x, h, &|r0, xs| xs.iter_mut().zip(&d[r0 * h..]).for_each(|(a, b)| *a += b));
         timer.stop(crate::profile::Part::Mlp);
+        Ok(())
+    }
+
+    /// The RMS norm of each row of `x` with weight `norm`.
+    fn norm_rows(&self, x: &[f32], norm: &[f32]) -> Buf {
+        let h = self.cfg.hidden_size;
+        let (zc, eps) = (self.cfg.norm_zero_centered, self.cfg.rms_eps);
+        let mut hbuf = Buf::for_overwrite(x.len());
+        by_rows(&mut hbuf, h, &|r0, hb| {
+            for (xi, hi) in x[r0 * h..].chunks(h).zip(hb.chunks_mut(h)) {
+                rmsnorm(xi, norm, eps, zc, hi);
+            }
+        });
+        hbuf
+    }
+
+    /// One decoder layer over the rows of `x` (in place), cut into the segments of several
+    /// sequences: the matrices see every row at once, the token mixer each segment alone.
+    fn forward_segments(&self, li: usize, segs: &mut [Segment], x: &mut [f32]) -> Result<()> {
+        self.mixer_segments(li, segs, x)?;
+        self.forward_mlp(li, x)
+    }
+
+    /// `x += mixer(input_norm(x))` over the segments' rows.
+    fn mixer_segments(&self, li: usize, segs: &mut [Segment], x: &mut [f32]) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let t = x.len() / h;
+        let layer = &self.layers[li];
+        let mut timer = crate::profile::start();
+        let hbuf = self.norm_rows(x, &layer.input_norm);
+        let (m, part) = match &layer.mixer {
+            Mixer::Attention(a) => (self.attention(li, a, segs, &hbuf, t)?, crate::profile::Part::Attention),
+            Mixer::DeltaNet(d) => (self.deltanet(li, d, segs, &hbuf, t)?, crate::profile::Part::DeltaNet),
+        };
+        by_rows(x, h, &|r0, xs| xs.iter_mut().zip(&m[r0 * h..]).for_each(|(a, b)| *a += b));
+        timer.stop(part);
         Ok(())
     }
 

@@ -6,223 +6,197 @@
 //! Runs on row-normalized weights `W/s`: a per-row scale multiplies each row's error by a
 //! constant, which changes neither the update nor the rounding decision of that row.
 
+use crate::cholesky::{cholesky_lower, lower_inverse};
 use crate::quantize_matrix::Rounder;
-use anyhow::{bail, Result};
-use forge_kernels::matmul::gemm_f32;
+use anyhow::Result;
+use forge_kernels::matmul::{gemm_strided, Op};
+use forge_kernels::rotation::Rotation;
 use rayon::prelude::*;
 
 pub const BLOCK: usize = 128;
 pub const DAMP: f64 = 0.01;
+/// Rows of `W` per task in the sweep's block updates.
+const SWEEP_ROWS: usize = 256;
 
-/// Accumulates `H = XᵀX / N` over the rows seen (f64).
+/// Accumulates `H = XᵀX / N` over the rows seen, in f32, then becomes that matrix in place
+/// ([`Hessian::finish`]): at a 27B model's 17,408 MLP inputs one such matrix is 1.2 GB, so it
+/// is never copied on the way to GPTQ.
 #[derive(Clone, Debug)]
 pub struct Hessian {
     pub dim: usize,
-    pub h: Vec<f64>,
+    /// While accumulating: the lower triangle of `XᵀX` (`H` is symmetric). Finished: `H`.
+    h: Vec<f32>,
     pub rows: usize,
+    finished: bool,
 }
+
+/// Rows of `H` per task when accumulating.
+const HESSIAN_ROWS: usize = 256;
 
 impl Hessian {
     pub fn new(dim: usize) -> Self {
-        Hessian { dim, h: vec![0.0; dim * dim], rows: 0 }
+        Hessian { dim, h: vec![0.0; dim * dim], rows: 0, finished: false }
     }
 
+    /// Add the `t` rows of `x` (`t × dim`).
     pub fn add(&mut self, x: &[f32], t: usize) {
         let n = self.dim;
-        // XᵀX for this batch in f32 (one GEMM), accumulated across batches in f64.
-        let mut xt = vec![0f32; n * t];
-        for r in 0..t {
-            for i in 0..n {
-                xt[i * t + r] = x[r * n + i];
-            }
-        }
-        let mut g = vec![0f32; n * n];
-        forge_kernels::matmul::gemm_f32_par(&xt, n, &xt, n, t, &mut g);
-        self.h.par_iter_mut().zip(g.par_iter()).for_each(|(h, &v)| *h += v as f64);
+        assert!(!self.finished, "Hessian::add after finish");
+        assert!(x.len() >= t * n, "Hessian::add: {} values for {t} rows of {n}", x.len());
+        // Each task: its rows of H up to the diagonal, accumulating X[:, r0..r1]ᵀ · X[:, ..r1].
+        self.h.par_chunks_mut(HESSIAN_ROWS * n).enumerate().for_each(|(blk, rows)| {
+            let (r0, m) = (blk * HESSIAN_ROWS, rows.len() / n);
+            gemm_strided(rows, n, Op::t(&x[r0..], n), Op::n(x, n), m, r0 + m, t, 1.0, 1.0);
+        });
         self.rows += t;
     }
 
-    /// `XᵀX / N`, symmetric.
-    pub fn finish(&self) -> Vec<f64> {
+    /// Turn the sums into `XᵀX / N`, symmetric (idempotent).
+    pub fn finish(&mut self) {
+        if self.finished {
+            return;
+        }
         let n = self.dim;
-        let inv = 1.0 / self.rows.max(1) as f64;
-        let mut h = vec![0f64; n * n];
-        // Symmetrize (the f32 GEMM may differ in the last bit between (i, j) and (j, i)).
-        for i in 0..n {
-            for j in i..n {
-                let v = 0.5 * (self.h[i * n + j] + self.h[j * n + i]) * inv;
-                h[i * n + j] = v;
-                h[j * n + i] = v;
-            }
-        }
-        h
+        let inv = 1.0 / self.rows.max(1) as f32;
+        self.h.par_chunks_mut(n).for_each(|row| row.iter_mut().for_each(|v| *v *= inv));
+        // The upper triangle from the lower: the products above the diagonal of each row block
+        // (inside its GEMM) are overwritten too, so H is exactly symmetric.
+        by_tiles(n, |i, j| self.h[i * n + j] = self.h[j * n + i]);
+        self.finished = true;
+    }
+
+    /// The finished `H` (`dim × dim`, row-major).
+    pub fn matrix(&self) -> &[f32] {
+        assert!(self.finished, "Hessian::matrix before finish");
+        &self.h
+    }
+
+    /// Take the finished `H` into a rotation's basis, `MᵀHM`, in place.
+    pub fn rotate(&mut self, r: &Rotation) {
+        self.finish();
+        let n = self.dim;
+        r.rotate_weight(&mut self.h, n); // H M
+        transpose_square(&mut self.h, n);
+        r.rotate_weight(&mut self.h, n); // Mᵀ (H M), as H is symmetric
+    }
+
+    /// A copy of the finished `H` in a rotation's basis.
+    pub fn rotated(&self, r: &Rotation) -> Vec<f32> {
+        let mut c = Hessian { dim: self.dim, h: self.matrix().to_vec(), rows: self.rows, finished: true };
+        c.rotate(r);
+        c.h
     }
 }
 
-/// In-place lower Cholesky factor of a symmetric positive definite matrix.
-///
-/// The dot products run four rows at a time, each row's in its own order (`k` ascending, as a
-/// one-row loop would), so the rows keep each other's latency hidden without any change to the
-/// arithmetic.
-fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
-    for j in 0..n {
-        let mut d = a[j * n + j];
-        for k in 0..j {
-            d -= a[j * n + k] * a[j * n + k];
-        }
-        if d <= 0.0 || !d.is_finite() {
-            bail!("Hessian is not positive definite at column {j} (pivot {d})");
-        }
-        let d = d.sqrt();
-        a[j * n + j] = d;
-        let (head, tail) = a.split_at_mut((j + 1) * n);
-        let rowj = &head[j * n..j * n + j];
-        tail.par_chunks_mut(4 * n).for_each(|rows| {
-            if rows.len() == 4 * n {
-                let (r0, rest) = rows.split_at_mut(n);
-                let (r1, rest) = rest.split_at_mut(n);
-                let (r2, r3) = rest.split_at_mut(n);
-                let mut s = [r0[j], r1[j], r2[j], r3[j]];
-                for (k, &b) in rowj.iter().enumerate() {
-                    s[0] -= r0[k] * b;
-                    s[1] -= r1[k] * b;
-                    s[2] -= r2[k] * b;
-                    s[3] -= r3[k] * b;
-                }
-                r0[j] = s[0] / d;
-                r1[j] = s[1] / d;
-                r2[j] = s[2] / d;
-                r3[j] = s[3] / d;
-            } else {
-                for ri in rows.chunks_mut(n) {
-                    let mut s = ri[j];
-                    for k in 0..j {
-                        s -= ri[k] * rowj[k];
-                    }
-                    ri[j] = s / d;
-                }
-            }
-        });
-    }
-    for i in 0..n {
-        for j in i + 1..n {
-            a[i * n + j] = 0.0;
-        }
-    }
-    Ok(())
+fn transpose_square(a: &mut [f32], n: usize) {
+    by_tiles(n, |i, j| a.swap(i * n + j, j * n + i));
 }
 
-/// Inverse of a lower-triangular matrix (lower-triangular).
-///
-/// Column `j` of `L⁻¹` solves `L x = e_j`; columns are independent and go four at a time, each
-/// with its own sums in its own order (as a one-column loop would).
-fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
-    let groups: Vec<Vec<Vec<f64>>> = (0..n.div_ceil(4))
-        .into_par_iter()
-        .map(|g| {
-            let j0 = 4 * g;
-            let m = (n - j0).min(4);
-            let mut xs = vec![vec![0f64; n]; m];
-            for (c, x) in xs.iter_mut().enumerate() {
-                x[j0 + c] = 1.0 / l[(j0 + c) * n + j0 + c];
-            }
-            for i in j0 + 1..n {
-                let li = &l[i * n..(i + 1) * n];
-                let mut s = [0f64; 4];
-                // The terms k < j0 + m − 1 that only some columns have, then the common ones.
-                let common = (j0 + m - 1).min(i);
-                for (c, x) in xs.iter().enumerate() {
-                    for k in j0 + c..common {
-                        s[c] += li[k] * x[k];
-                    }
+/// `f(i, j)` for every `i < j < n`, in 32 × 32 tiles so that the column side stays in cache.
+fn by_tiles(n: usize, mut f: impl FnMut(usize, usize)) {
+    const TILE: usize = 32;
+    for i0 in (0..n).step_by(TILE) {
+        for j0 in (i0..n).step_by(TILE) {
+            for i in i0..(i0 + TILE).min(n) {
+                for j in j0.max(i + 1)..(j0 + TILE).min(n) {
+                    f(i, j);
                 }
-                if m == 4 {
-                    let (x0, x1, x2, x3) = (&xs[0], &xs[1], &xs[2], &xs[3]);
-                    for k in common..i {
-                        s[0] += li[k] * x0[k];
-                        s[1] += li[k] * x1[k];
-                        s[2] += li[k] * x2[k];
-                        s[3] += li[k] * x3[k];
-                    }
-                } else {
-                    for (c, x) in xs.iter().enumerate() {
-                        for k in common.max(j0 + c)..i {
-                            s[c] += li[k] * x[k];
-                        }
-                    }
-                }
-                for (c, x) in xs.iter_mut().enumerate() {
-                    if i > j0 + c {
-                        x[i] = -s[c] / li[i];
-                    }
-                }
-            }
-            xs
-        })
-        .collect();
-    let mut inv = vec![0f64; n * n];
-    for (g, xs) in groups.iter().enumerate() {
-        for (c, x) in xs.iter().enumerate() {
-            let j = 4 * g + c;
-            for i in j..n {
-                inv[i * n + j] = x[i];
             }
         }
     }
-    inv
+}
+
+/// `M⁻¹` for the lower Cholesky factor `M` of `JHJ` (`J` the reversal permutation), with `H`
+/// symmetric positive definite and given by `entry(i, j)` (only `j ≤ i` is asked for).
+///
+/// `JHJ = MMᵀ` gives `H = RRᵀ` for the upper-triangular `R = JMJ`, so `H⁻¹ = (R⁻¹)ᵀR⁻¹`: the
+/// upper factor `U` with `UᵀU = H⁻¹` is `R⁻¹ = J M⁻¹ J`, that is `U[i][j] = M⁻¹[n−1−i][n−1−j]`.
+fn reversed_inverse_factor(n: usize, entry: impl Fn(usize, usize) -> f64 + Sync) -> Result<Vec<f64>> {
+    let mut k = vec![0f64; n * n];
+    k.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        for (j, v) in row[..=i].iter_mut().enumerate() {
+            *v = entry(n - 1 - j, n - 1 - i);
+        }
+    });
+    cholesky_lower(&mut k, n)?;
+    lower_inverse(&mut k, n);
+    Ok(k)
+}
+
+/// `U = J M⁻¹ J` in f32 from [`reversed_inverse_factor`]'s `M⁻¹`, in that matrix's own buffer
+/// (at 17,408 inputs a separate f32 copy would be another 1.2 GB): reversed in place, then
+/// narrowed front to back, each f32 landing at or before the bytes of the f64 it comes from,
+/// which have been read by then. The f32 matrix is the first half of the buffer's bytes.
+fn narrow_upper_factor(k: &mut [f64], n: usize) {
+    k.reverse();
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(k);
+    for x in 0..n * n {
+        let v = f64::from_ne_bytes(bytes[8 * x..8 * x + 8].try_into().unwrap()) as f32;
+        bytes[4 * x..4 * x + 4].copy_from_slice(&v.to_ne_bytes());
+    }
 }
 
 /// Upper-triangular `U` with `UᵀU = H⁻¹`.
-///
-/// With `J` the reversal permutation, `JHJ = MMᵀ` (lower Cholesky) gives `H = RRᵀ` for the
-/// upper-triangular `R = JMJ`, so `H⁻¹ = (R⁻¹)ᵀR⁻¹` and `U = R⁻¹ = J M⁻¹ J`.
-pub fn inverse_cholesky_upper(h: &[f64], n: usize) -> Result<Vec<f64>> {
-    let mut k = vec![0f64; n * n];
-    for i in 0..n {
-        for j in 0..n {
-            k[i * n + j] = h[(n - 1 - i) * n + (n - 1 - j)];
-        }
+pub fn inverse_cholesky_upper(h: &[f32], n: usize) -> Result<Vec<f64>> {
+    let k = reversed_inverse_factor(n, |i, j| h[i * n + j] as f64)?;
+    Ok((0..n * n).map(|x| k[n * n - 1 - x]).collect())
+}
+
+/// What GPTQ needs of a Hessian, computed once for every matrix that reads the same input in the
+/// same basis: the act order (most active input columns first), the dead inputs, and the upper
+/// factor `U` (`UᵀU = H⁻¹`) of the damped Hessian in that order.
+pub struct Factor {
+    n: usize,
+    perm: Vec<usize>,
+    dead: Vec<bool>,
+    /// `U` in f32, in the first half of these bytes ([`narrow_upper_factor`]).
+    buf: Vec<f64>,
+}
+
+impl Factor {
+    pub fn new(hess: &[f32], n: usize) -> Result<Factor> {
+        assert_eq!(hess.len(), n * n);
+        // Dead inputs carry no information: pin them so the factorization exists.
+        let dead: Vec<bool> = (0..n).map(|i| hess[i * n + i] <= 0.0).collect();
+        let diag = |i: usize| if dead[i] { 1.0 } else { hess[i * n + i] as f64 };
+        let damp = DAMP * (0..n).map(diag).sum::<f64>() / n as f64;
+        let mut perm: Vec<usize> = (0..n).collect();
+        perm.sort_by(|&a, &b| diag(b).total_cmp(&diag(a)).then(a.cmp(&b)));
+        // The damped, permuted Hessian is read straight into the factorization's one buffer.
+        let mut buf = reversed_inverse_factor(n, |i, j| {
+            let (pi, pj) = (perm[i], perm[j]);
+            if pi == pj {
+                diag(pi) + damp
+            } else {
+                hess[pi * n + pj] as f64
+            }
+        })?;
+        narrow_upper_factor(&mut buf, n);
+        Ok(Factor { n, perm, dead, buf })
     }
-    cholesky_lower(&mut k, n)?;
-    let minv = lower_inverse(&k, n);
-    let mut u = vec![0f64; n * n];
-    for i in 0..n {
-        for j in 0..n {
-            u[i * n + j] = minv[(n - 1 - i) * n + (n - 1 - j)];
-        }
+
+    /// `U`, `n × n` row-major, in act order.
+    fn u(&self) -> &[f32] {
+        let bytes: &[u8] = bytemuck::cast_slice(&self.buf);
+        bytemuck::cast_slice(&bytes[..4 * self.n * self.n])
     }
-    Ok(u)
 }
 
 /// Quantize normalized weights `wn` (`out × cin`, modified in place as GPTQ propagates error)
 /// to codebook indices, minimizing `‖X(W − Q)ᵀ‖²` for `H = XᵀX/N`.
-pub fn gptq(wn: &mut [f32], out: usize, cin: usize, hess: &[f64], codebook: &[f32], d: usize) -> Result<Vec<u8>> {
-    let n = cin;
-    let mut h = hess.to_vec();
-    // Dead inputs carry no information: pin them so the factorization exists.
-    for i in 0..n {
-        if h[i * n + i] <= 0.0 {
-            h[i * n + i] = 1.0;
-            for r in 0..out {
-                wn[r * cin + i] = 0.0;
-            }
+pub fn gptq(wn: &mut [f32], out: usize, cin: usize, hess: &[f32], codebook: &[f32], d: usize) -> Result<Vec<u8>> {
+    gptq_factored(wn, out, &Factor::new(hess, cin)?, codebook, d)
+}
+
+/// [`gptq`] with the Hessian's [`Factor`] already made.
+pub fn gptq_factored(wn: &mut [f32], out: usize, f: &Factor, codebook: &[f32], d: usize) -> Result<Vec<u8>> {
+    let (n, cin, perm, u) = (f.n, f.n, &f.perm, f.u());
+    anyhow::ensure!(wn.len() == out * cin, "GPTQ: {} weights for {out} × {cin}", wn.len());
+    for (i, _) in f.dead.iter().enumerate().filter(|d| *d.1) {
+        for r in 0..out {
+            wn[r * cin + i] = 0.0;
         }
     }
-    let mean_diag = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
-    for i in 0..n {
-        h[i * n + i] += DAMP * mean_diag;
-    }
-    // Act order: most active input columns first.
-    let mut perm: Vec<usize> = (0..n).collect();
-    perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
-    let mut hp = vec![0f64; n * n];
-    for i in 0..n {
-        for j in 0..n {
-            hp[i * n + j] = h[perm[i] * n + perm[j]];
-        }
-    }
-    let u64s = inverse_cholesky_upper(&hp, n)?;
-    let u: Vec<f32> = u64s.iter().map(|&v| v as f32).collect();
     let mut w = vec![0f32; out * n];
     for r in 0..out {
         for (j, &p) in perm.iter().enumerate() {
@@ -252,29 +226,18 @@ pub fn gptq(wn: &mut [f32], out: usize, cin: usize, hess: &[f64], codebook: &[f3
                         let e = (p[t] - codebook[q * d + t]) / diag;
                         eg[t * b + (i - i1)] = e;
                         let urow = &u[i * n + i + 1..i * n + i2];
-                        let wrow = &mut wg[t * n + i + 1..t * n + i2];
-                        for (wv, &uv) in wrow.iter_mut().zip(urow) {
-                            *wv -= e * uv;
-                        }
+                        forge_kernels::simd::axpy(-e, urow, &mut wg[t * n + i + 1..t * n + i2]);
                     }
                 }
             },
         );
-        // Propagate the block's error to the later columns: W[:, i2:] −= E · U[i1:i2, i2:].
+        // Propagate the block's error to the later columns: W[:, i2:] −= E · U[i1:i2, i2:],
+        // one block of rows per task.
         let rest = n - i2;
         if rest > 0 {
-            let mut ut = vec![0f32; rest * b];
-            for k in 0..b {
-                for j in 0..rest {
-                    ut[j * b + k] = u[(i1 + k) * n + i2 + j];
-                }
-            }
-            let mut delta = vec![0f32; out * rest];
-            gemm_f32(&err, out, &ut, rest, b, &mut delta);
-            w.par_chunks_mut(n).zip(delta.par_chunks(rest)).for_each(|(wr, dr)| {
-                for (wv, &dv) in wr[i2..].iter_mut().zip(dr) {
-                    *wv -= dv;
-                }
+            let ub = Op::n(&u[i1 * n + i2..], n);
+            w.par_chunks_mut(SWEEP_ROWS * n).zip(err.par_chunks(SWEEP_ROWS * b)).for_each(|(wr, er)| {
+                gemm_strided(&mut wr[i2..], n, Op::n(er, b), ub, er.len() / b, rest, b, 1.0, -1.0);
             });
         }
         i1 = i2;
@@ -289,12 +252,11 @@ pub fn gptq(wn: &mut [f32], out: usize, cin: usize, hess: &[f64], codebook: &[f3
 }
 
 /// `tr((W − Q) H (W − Q)ᵀ)`: the calibration loss `‖X(W − Q)ᵀ‖²/N`.
-pub fn calib_loss(w: &[f32], q: &[f32], out: usize, cin: usize, h: &[f64]) -> f64 {
+pub fn calib_loss(w: &[f32], q: &[f32], out: usize, cin: usize, h: &[f32]) -> f64 {
     let e: Vec<f32> = w.iter().zip(q).map(|(a, b)| a - b).collect();
-    let hf: Vec<f32> = h.iter().map(|&v| v as f32).collect();
     // (E H) row by row against E; H is symmetric so H itself serves as the transposed operand.
     let mut eh = vec![0f32; out * cin];
-    forge_kernels::matmul::gemm_f32_par(&e, out, &hf, cin, cin, &mut eh);
+    forge_kernels::matmul::gemm_f32_par(&e, out, h, cin, cin, &mut eh);
     eh.par_chunks(cin)
         .zip(e.par_chunks(cin))
         .map(|(a, b)| a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>())
@@ -313,13 +275,43 @@ mod tests {
     }
 
     #[test]
+    fn hessian_is_the_mean_outer_product_over_every_batch() {
+        let mut r = Rng::new(9);
+        // Wider than one block of rows of H, over two batches of different lengths.
+        let n = HESSIAN_ROWS + 44;
+        let batches = [gaussian(7 * n, &mut r), gaussian(11 * n, &mut r)];
+        let mut hs = Hessian::new(n);
+        let mut want = vec![0f64; n * n];
+        for x in &batches {
+            hs.add(x, x.len() / n);
+            for row in x.chunks(n) {
+                for i in 0..n {
+                    for j in 0..n {
+                        want[i * n + j] += row[i] as f64 * row[j] as f64 / 18.0;
+                    }
+                }
+            }
+        }
+        hs.finish();
+        let h = hs.matrix().to_vec();
+        for i in 0..n {
+            for j in 0..n {
+                let (g, w) = (h[i * n + j], want[i * n + j]);
+                assert!((g as f64 - w).abs() < 2e-6 * (1.0 + w.abs()), "({i},{j}): {g} vs {w}");
+                assert_eq!(g, h[j * n + i]);
+            }
+        }
+    }
+
+    #[test]
     fn inverse_cholesky_factor_is_exact() {
         let mut r = Rng::new(1);
         let n = 37;
         let x = gaussian(3 * n * n, &mut r);
         let mut hs = Hessian::new(n);
         hs.add(&x, 3 * n);
-        let h = hs.finish();
+        hs.finish();
+        let h = hs.matrix().to_vec();
         let u = inverse_cholesky_upper(&h, n).unwrap();
         // UᵀU H = I
         for i in 0..n {
@@ -330,7 +322,7 @@ mod tests {
                     for m in 0..n {
                         utu += u[m * n + i] * u[m * n + k];
                     }
-                    s += utu * h[k * n + j];
+                    s += utu * h[k * n + j] as f64;
                 }
                 assert!((s - if i == j { 1.0 } else { 0.0 }).abs() < 1e-8, "({i},{j}): {s}");
                 if j < i {
@@ -338,9 +330,15 @@ mod tests {
                 }
             }
         }
+        // The in-place f32 narrowing gives the same factor.
+        let mut k = reversed_inverse_factor(n, |i, j| h[i * n + j] as f64).unwrap();
+        narrow_upper_factor(&mut k, n);
+        let bytes: &[u8] = bytemuck::cast_slice(&k);
+        let narrow: Vec<f32> = u.iter().map(|&v| v as f32).collect();
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes[..4 * n * n]), &narrow[..]);
     }
 
-    fn setup(format: Format, out: usize, cin: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f64>) {
+    fn setup(format: Format, out: usize, cin: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
         let mut r = Rng::new(seed);
         let w = gaussian(out * cin, &mut r);
         // Correlated activations with uneven energy per column, like real ones.
@@ -359,7 +357,8 @@ mod tests {
         }
         let mut hs = Hessian::new(cin);
         hs.add(&x, t);
-        let h = hs.finish();
+        hs.finish();
+        let h = hs.matrix().to_vec();
         let scale = row_scales(&w, out, cin);
         let wn = normalize(&w, cin, &scale);
         let cb = fit_codebook(&wn, out, cin, format, None, 3);
@@ -396,7 +395,7 @@ mod tests {
         for format in [Format::Lut4, Format::Vec2x16] {
             let (out, cin) = (32, 64);
             let (w, scale, cb, _) = setup(format, out, cin, 5);
-            let mut eye = vec![0f64; cin * cin];
+            let mut eye = vec![0f32; cin * cin];
             for i in 0..cin {
                 eye[i * cin + i] = 1.0;
             }

@@ -6,7 +6,8 @@
 
 use crate::calib::CalibConfig;
 use crate::export::{write_embedding, write_file, MatrixEntry};
-use crate::gptq::{calib_loss, gptq, Hessian};
+use crate::gptq::{gptq, gptq_factored};
+pub use crate::input_stats::{HeldOut, InputStats};
 use crate::lowrank::lowrank_factors;
 use crate::plan::{Basis, Part, Plan};
 use crate::quantize_matrix::{fit_codebook, normalize, row_scales, QuantMatrix};
@@ -102,8 +103,11 @@ pub enum Stage {
     Load,
     /// Calibration passes through the model (without the Hessian accumulation).
     CalibForward,
-    /// Accumulating, finishing and rotating the Hessians.
+    /// Accumulating the Hessians over the calibration tokens.
     Hessians,
+    /// Finishing the Hessians and turning them into the matrices' bases (one pass over each,
+    /// whatever the number of tokens).
+    HessianBasis,
     /// Codebook fits and round-to-nearest assignment.
     Fit,
     Gptq,
@@ -118,10 +122,11 @@ pub enum Stage {
     Other,
 }
 
-pub const STAGES: [Stage; 10] = [
+pub const STAGES: [Stage; 11] = [
     Stage::Load,
     Stage::CalibForward,
     Stage::Hessians,
+    Stage::HessianBasis,
     Stage::Fit,
     Stage::Gptq,
     Stage::Reconstruct,
@@ -137,6 +142,7 @@ impl Stage {
             Stage::Load => "load",
             Stage::CalibForward => "calibration forward",
             Stage::Hessians => "Hessians",
+            Stage::HessianBasis => "Hessian bases",
             Stage::Fit => "fit",
             Stage::Gptq => "GPTQ",
             Stage::Reconstruct => "reconstruction",
@@ -152,6 +158,7 @@ impl Stage {
             Stage::Load => "load",
             Stage::CalibForward => "calib_forward",
             Stage::Hessians => "hessians",
+            Stage::HessianBasis => "hessian_basis",
             Stage::Fit => "fit",
             Stage::Gptq => "gptq",
             Stage::Reconstruct => "reconstruct",
@@ -299,24 +306,28 @@ pub fn source_fingerprint(path: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
-/// Statistics of a linear layer's input over the calibration rows (unrotated basis).
-pub struct InputStats {
-    pub fit: Hessian,
-    pub hold: Hessian,
+/// The rotation a matrix is quantized in, if any: online bases apply to the LUT and INT8 formats.
+pub(crate) fn rotation_for(lin: &Linear, o: &Options) -> Result<Option<Rotation>> {
+    let format = o.plan.format_for(&lin.name)?;
+    let online = o.plan.basis_for(&lin.name)? == Basis::Online && (format.is_lut() || format == Format::Int8);
+    Ok(if online { Some(Rotation::new(lin.in_f, Plan::rotation_seed(&lin.name)?)) } else { None })
 }
 
-/// Rotate a Hessian into a rotation's basis: `H' = Mᵀ H M`.
-pub(crate) fn rotate_hessian(h: &[f64], n: usize, r: &Rotation) -> Vec<f64> {
-    let mut a: Vec<f32> = h.iter().map(|&v| v as f32).collect();
-    r.rotate_weight(&mut a, n); // H M
-    let mut at = vec![0f32; n * n];
-    for i in 0..n {
-        for j in 0..n {
-            at[j * n + i] = a[i * n + j];
+/// Finish the statistics of an input read by `lins`, put the fitting Hessian into their bases
+/// and, for GPTQ, factor it once per basis for the matrices that will run GPTQ.
+pub(crate) fn prepare_stats(stats: &mut InputStats, lins: &[&Linear], o: &Options, tm: &Timings) -> Result<()> {
+    let rots = lins.iter().map(|l| rotation_for(l, o)).collect::<Result<Vec<_>>>()?;
+    let bases: Vec<Option<&Rotation>> = rots.iter().map(|r| r.as_ref()).collect();
+    tm.time(Stage::HessianBasis, || stats.prepare(&bases))?;
+    if o.method == Method::Gptq {
+        for (lin, rot) in lins.iter().zip(&rots) {
+            if o.plan.format_for(&lin.name)?.is_lut() {
+                tm.time(Stage::Gptq, || stats.make_factor(rot.as_ref()))
+                    .with_context(|| format!("GPTQ of {}", lin.name))?;
+            }
         }
     }
-    r.rotate_weight(&mut at, n); // Mᵀ H M (H symmetric)
-    at.iter().map(|&v| v as f64).collect()
+    Ok(())
 }
 
 /// Quantize one linear layer: returns the export entry and the quantized `Linear`.
@@ -330,8 +341,7 @@ pub(crate) fn quantize_linear(
     let plan = &o.plan;
     let format = plan.format_for(name)?;
     let (out, cin) = (lin.out_f, lin.in_f);
-    let rot = (plan.basis_for(name)? == Basis::Online && (format.is_lut() || format == Format::Int8))
-        .then(|| Rotation::new(cin, Plan::rotation_seed(name).unwrap()));
+    let rot = rotation_for(lin, o)?;
     let seed = matrix_seed(o.seed, name);
     let lr_cfg = o.lowrank.as_ref().filter(|c| c.applies(name) && format != Format::Bf16 && format != Format::F16);
     let rows_ok = lin.rotation.is_none() && lin.lowrank.is_none() && o.reconstruct == 0;
@@ -366,24 +376,27 @@ pub(crate) fn quantize_linear(
         inside_ab = Some((a, b));
     }
     rotate(&mut target);
-    let h_fit = tm.time(Stage::Hessians, || match (stats, &rot) {
-        (Some(s), Some(r)) => Some(rotate_hessian(&s.fit.finish(), cin, r)),
-        (Some(s), None) => Some(s.fit.finish()),
-        _ => None,
-    });
+    let h_fit = match stats {
+        Some(s) => Some(s.fit_in(rot.as_ref()).with_context(|| format!("{name}: input statistics not prepared"))?),
+        None => None,
+    };
     let q = match (&h_fit, format.is_lut()) {
         (Some(h), true) if o.method == Method::Gptq => {
             let scale = row_scales(&target, out, cin);
             let mut wn = normalize(&target, cin, &scale);
-            let diag: Vec<f32> = (0..cin).map(|i| h[i * cin + i] as f32).collect();
+            let diag: Vec<f32> = (0..cin).map(|i| h[i * cin + i]).collect();
             let cb = tm.time(Stage::Fit, || fit_codebook(&wn, out, cin, format, o.aw.then_some(&diag[..]), seed));
+            let factor = stats.and_then(|s| s.factor(rot.as_ref()));
             let idx = tm
-                .time(Stage::Gptq, || gptq(&mut wn, out, cin, h, &cb, format.vec_dim()))
+                .time(Stage::Gptq, || match factor {
+                    Some(f) => gptq_factored(&mut wn, out, f, &cb, format.vec_dim()),
+                    None => gptq(&mut wn, out, cin, h, &cb, format.vec_dim()),
+                })
                 .with_context(|| format!("GPTQ of {name}"))?;
             QuantMatrix::Lut(LutMatrix { format, cout: out, cin, codebook: cb, idx: idx.into(), scale })
         }
         _ => {
-            let diag: Option<Vec<f32>> = h_fit.as_ref().map(|h| (0..cin).map(|i| h[i * cin + i] as f32).collect());
+            let diag: Option<Vec<f32>> = h_fit.as_ref().map(|h| (0..cin).map(|i| h[i * cin + i]).collect());
             tm.time(Stage::Fit, || {
                 quantize_rtn(&target, out, cin, format, if o.aw { diag.as_deref() } else { None }, seed)
             })
@@ -394,8 +407,8 @@ pub(crate) fn quantize_linear(
     let q = match (q, &h_fit) {
         (QuantMatrix::Lut(m), Some(h)) if o.reconstruct > 0 => {
             let hold = stats.filter(|s| s.hold.rows > 0).map(|s| match &rot {
-                Some(r) => rotate_hessian(&s.hold.finish(), cin, r),
-                None => s.hold.finish(),
+                Some(r) => std::borrow::Cow::Owned(s.hold.rotated(r)),
+                None => std::borrow::Cow::Borrowed(&s.hold),
             });
             let (m, rf) = tm.time(Stage::Reconstruct, || reconstruct_checked(&target, m, h, hold.as_deref(), o));
             st.insert("recon_fit_gain_db".to_string(), format!("{:.4}", rf.fit_gain_db));
@@ -428,10 +441,8 @@ pub(crate) fn quantize_linear(
     let (_, key) = crate::export::file_and_key(name)?;
     st.insert("snr_db".to_string(), format!("{:.4}", snr_db(&w, &eff)));
     if let Some(s) = stats.filter(|s| s.hold.rows > 0) {
-        let h = s.hold.finish();
-        let zero = vec![0f32; w.len()];
-        let signal = calib_loss(&w, &zero, out, cin, &h);
-        let noise = calib_loss(&w, &eff, out, cin, &h);
+        let signal = s.hold.loss(&w, None, out);
+        let noise = s.hold.loss(&w, Some(&eff), out);
         st.insert("heldout_snr_db".to_string(), format!("{:.4}", 10.0 * (signal / noise.max(1e-300)).log10()));
     }
     let weight = match &q {
@@ -465,8 +476,8 @@ struct Reconstructed {
 fn reconstruct_checked(
     target: &[f32],
     m: LutMatrix,
-    h: &[f64],
-    hold: Option<&[f64]>,
+    h: &[f32],
+    hold: Option<&HeldOut>,
     o: &Options,
 ) -> (LutMatrix, Reconstructed) {
     let (new, rf) = crate::reconstruct::refit(target, &m, h, o.reconstruct);
@@ -474,8 +485,8 @@ fn reconstruct_checked(
         return (m, Reconstructed { fit_gain_db: 0.0, heldout_gain_db: None, kept: false });
     }
     let heldout_gain_db = hold.map(|hh| {
-        let before = calib_loss(target, &m.reconstruct(), m.cout, m.cin, hh);
-        let after = calib_loss(target, &new.reconstruct(), m.cout, m.cin, hh);
+        let before = hh.loss(target, Some(&m.reconstruct()), m.cout);
+        let after = hh.loss(target, Some(&new.reconstruct()), m.cout);
         10.0 * (before / after.max(1e-300)).log10()
     });
     let kept = heldout_gain_db.is_none_or(|g| g > 0.0);
@@ -513,57 +524,53 @@ impl Observer for StatsObserver {
     }
 }
 
-/// Calibration state: the hidden states entering the current layer, one per row (rows may differ
-/// in length: a row of `t` tokens holds `t × hidden` values).
+/// Calibration state: the hidden states of each row (rows may differ in length: a row of `t`
+/// tokens holds `t × hidden` values) where the current layer has got to: entering it, or past its
+/// token mixer once [`Calib::pass`] has advanced over [`Half::Mixer`].
 struct Calib {
     xs: Vec<Vec<f32>>,
     n_fit: usize,
 }
 
+/// The part of a layer a calibration pass runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Half {
+    /// `x += mixer(input_norm(x))`.
+    Mixer,
+    /// `x += mlp(post_norm(x))`.
+    Mlp,
+    Whole,
+}
+
+/// Where the input of a group of linears comes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Source {
+    /// The input norm of the layer's input: no forward needed.
+    InputNorm,
+    /// Inside the token mixer (its output projection's input).
+    MixerInner,
+    /// The post-mixer norm: the hidden states are advanced past the mixer, then normed.
+    PostNorm,
+    /// Inside the MLP (the down projection's input).
+    MlpInner,
+}
+
 impl Calib {
-    /// Run layer `l` over every row (fresh state per row); with `observe`, gather the input
-    /// statistics of that linear; with `advance`, keep the outputs as the next layer's inputs.
-    ///
-    /// A pass that only observes needs no more of the layer than the observed linear's input:
-    /// the token mixer's inputs are the input norm of the rows (no forward at all), and the mixer
-    /// output and the MLP input come before the MLP, which such a pass runs at width 1. The
-    /// statistics are the same numbers a full forward gives.
+    /// Run `half` of layer `l` over every row (fresh state per row); with `observe`, gather the
+    /// input statistics of that linear; with `advance`, keep the outputs.
     fn pass(
         &mut self,
         model: &mut Model,
         l: usize,
+        half: Half,
         observe: Option<usize>,
         advance: bool,
         tm: &Timings,
     ) -> Result<Option<InputStats>> {
         let t0 = Instant::now();
-        let n_lin = layer_linears(model, l).len();
-        let down = n_lin - 1;
-        if let (Some(0), false) = (observe, advance) {
-            let (stats, secs) = self.input_norm_stats(model, l, tm);
-            tm.add(Stage::CalibForward, t0.elapsed().as_secs_f64() - secs);
-            return Ok(Some(stats));
-        }
-        let stub = !advance && observe.is_some_and(|i| i < down);
-        let saved = stub.then(|| {
-            let h = model.cfg.hidden_size;
-            let zeros = |o: usize, i: usize| forge_core::tensor::HostTensor::from_f32(vec![o, i], vec![0f32; o * i]);
-            let mlp = &mut model.layers[l].mlp;
-            let stand_in = forge_model::model::Mlp {
-                gate: Linear::dense(mlp.gate.name.clone(), zeros(1, h), None),
-                up: Linear::dense(mlp.up.name.clone(), zeros(1, h), None),
-                down: Linear::dense(mlp.down.name.clone(), zeros(h, 1), None),
-            };
-            let width = std::mem::replace(&mut model.cfg.intermediate_size, 1);
-            (std::mem::replace(&mut model.layers[l].mlp, stand_in), width)
-        });
         let obs = observe.map(|i| {
             let dim = model.layer_linears_mut(l)[i].in_f;
-            let o = Arc::new(Mutex::new(StatsObserver {
-                stats: InputStats { fit: Hessian::new(dim), hold: Hessian::new(dim) },
-                holdout: false,
-                secs: 0.0,
-            }));
+            let o = Arc::new(Mutex::new(StatsObserver { stats: InputStats::new(dim), holdout: false, secs: 0.0 }));
             model.layer_linears_mut(l)[i].observer = Some(o.clone() as Arc<Mutex<dyn Observer>>);
             o
         });
@@ -577,7 +584,11 @@ impl Calib {
                 let mut st = fresh.layers[l].clone();
                 let mut x = self.xs[r].clone();
                 let t = x.len() / hidden;
-                model.forward_layer(l, &mut st, &mut x, t, 0)?;
+                match half {
+                    Half::Mixer => model.forward_mixer(l, &mut st, &mut x, t, 0)?,
+                    Half::Mlp => model.forward_mlp(l, &mut x)?,
+                    Half::Whole => model.forward_layer(l, &mut st, &mut x, t, 0)?,
+                }
                 if advance {
                     self.xs[r] = x;
                 }
@@ -587,10 +598,6 @@ impl Calib {
         let ran = run();
         if let Some(i) = observe {
             model.layer_linears_mut(l)[i].observer = None;
-        }
-        if let Some((mlp, width)) = saved {
-            model.layers[l].mlp = mlp;
-            model.cfg.intermediate_size = width;
         }
         ran?;
         let (stats, hess) = match obs {
@@ -606,12 +613,15 @@ impl Calib {
         Ok(stats)
     }
 
-    /// Statistics of the token mixer's input: the layer's input norm of each row, exactly as
-    /// the forward computes it. Returns them with the seconds spent accumulating.
-    fn input_norm_stats(&self, model: &Model, l: usize, tm: &Timings) -> (InputStats, f64) {
+    /// Statistics of a norm of the rows, exactly as the forward computes it: the input norm
+    /// (the token mixer's input, rows entering the layer) or the post-mixer norm (the MLP's
+    /// input, rows past the mixer).
+    fn norm_stats(&self, model: &Model, l: usize, post: bool, tm: &Timings) -> InputStats {
+        let t0 = Instant::now();
         let h = model.cfg.hidden_size;
-        let mut st = InputStats { fit: Hessian::new(h), hold: Hessian::new(h) };
-        let norm = &model.layers[l].input_norm;
+        let mut st = InputStats::new(h);
+        let layer = &model.layers[l];
+        let norm = if post { &layer.post_norm } else { &layer.input_norm };
         let mut secs = 0.0;
         for (r, x) in self.xs.iter().enumerate() {
             let t = x.len() / h;
@@ -619,26 +629,51 @@ impl Calib {
             for (xi, o) in x.chunks(h).zip(normed.chunks_mut(h)) {
                 forge_kernels::norm::rmsnorm(xi, norm, model.cfg.rms_eps, model.cfg.norm_zero_centered, o);
             }
-            let t0 = Instant::now();
+            let t1 = Instant::now();
             if r >= self.n_fit {
                 st.hold.add(&normed, t)
             } else {
                 st.fit.add(&normed, t)
             }
-            secs += t0.elapsed().as_secs_f64();
+            secs += t1.elapsed().as_secs_f64();
         }
         tm.add(Stage::Hessians, secs);
-        (st, secs)
+        tm.add(Stage::CalibForward, t0.elapsed().as_secs_f64() - secs);
+        st
+    }
+
+    /// The statistics of a group's input; a [`Source::PostNorm`] group first advances the rows
+    /// past the token mixer (quantized by then), so the MLP's passes need no mixer.
+    fn stats_for(
+        &mut self,
+        model: &mut Model,
+        l: usize,
+        src: Source,
+        first: usize,
+        tm: &Timings,
+    ) -> Result<InputStats> {
+        let stats = match src {
+            Source::InputNorm => Some(self.norm_stats(model, l, false, tm)),
+            Source::MixerInner => self.pass(model, l, Half::Mixer, Some(first), false, tm)?,
+            Source::PostNorm => {
+                self.pass(model, l, Half::Mixer, None, true, tm)?;
+                Some(self.norm_stats(model, l, true, tm))
+            }
+            Source::MlpInner => self.pass(model, l, Half::Mlp, Some(first), false, tm)?,
+        };
+        stats.context("calibration pass gathered no statistics")
     }
 }
 
 /// Groups of a layer's linears that share one input (indices into `layer_linears`), in the
 /// true-sequential order: mixer inputs, mixer output, MLP gate/up, MLP down.
-fn groups(m: &Model, l: usize) -> Vec<Vec<usize>> {
-    match &m.layers[l].mixer {
-        Mixer::Attention(_) => vec![vec![0, 1, 2], vec![3], vec![4, 5], vec![6]],
-        Mixer::DeltaNet(_) => vec![vec![0, 1, 2, 3], vec![4], vec![5, 6], vec![7]],
-    }
+fn groups(m: &Model, l: usize) -> Vec<(Vec<usize>, Source)> {
+    let g = match &m.layers[l].mixer {
+        Mixer::Attention(_) => [vec![0, 1, 2], vec![3], vec![4, 5], vec![6]],
+        Mixer::DeltaNet(_) => [vec![0, 1, 2, 3], vec![4], vec![5, 6], vec![7]],
+    };
+    let src = [Source::InputNorm, Source::MixerInner, Source::PostNorm, Source::MlpInner];
+    g.into_iter().zip(src).collect()
 }
 
 /// Let go of a finished layer: its matrices leave memory (the export's files hold them; nothing
@@ -818,15 +853,23 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         _ => None,
     };
     tm.add(Stage::Load, t_cal.elapsed().as_secs_f64());
+    if streamed {
+        // Looking up the rows' embeddings mapped pages all over the table (the kernel maps the
+        // neighbours of each page read); nothing reads it again until the export's copy.
+        ck.release("embed_tokens.");
+    }
     let head_file = out.join("lm_head.safetensors");
-    let quantize_head = |model: &mut Model, stats: Option<&InputStats>| -> Result<()> {
+    let quantize_head = |model: &mut Model, mut stats: Option<InputStats>| -> Result<()> {
         if o.resume && head_file.exists() {
             let h = &model.head;
             let lin = reader.linear("lm_head", h.out_f, h.in_f)?.context("lm_head.safetensors without lm_head")?;
             model.head = lin;
         } else {
             pb.set_message("lm_head");
-            let (e, lin) = quantize_linear(&model.head, o, stats, &tm)?;
+            if let Some(st) = &mut stats {
+                prepare_stats(st, &[&model.head], o, &tm)?;
+            }
+            let (e, lin) = quantize_linear(&model.head, o, stats.as_ref(), &tm)?;
             let meta = [("format".to_string(), e.q.format().long_name().to_string())].into();
             tm.time(Stage::Write, || write_file(&head_file, "head", &[e], &meta))?;
             model.head = lin;
@@ -839,8 +882,7 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
     if tied {
         let stats = match &mut cal {
             Some((c, rows)) => {
-                let mut st =
-                    InputStats { fit: Hessian::new(model.cfg.hidden_size), hold: Hessian::new(model.cfg.hidden_size) };
+                let mut st = InputStats::new(model.cfg.hidden_size);
                 for (r, row) in rows.iter().enumerate() {
                     let t0 = Instant::now();
                     let mut s = model.new_session();
@@ -862,7 +904,7 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
             }
             None => None,
         };
-        quantize_head(&mut model, stats.as_ref())?;
+        quantize_head(&mut model, stats)?;
         model.embed = Embedding::TiedHead;
         if let Some((c, rows)) = &mut cal {
             c.xs = tm.time(Stage::CalibForward, || rows.iter().map(|r| model.embed(r)).collect::<Result<Vec<_>>>())?;
@@ -914,7 +956,7 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
                 put_linear(&mut model, Some(l), i, lin);
             }
             if let Some((c, _)) = &mut cal {
-                c.pass(&mut model, l, None, true, &tm)?;
+                c.pass(&mut model, l, Half::Whole, None, true, &tm)?;
             }
             finish(&mut model, &mut teacher)?;
             timed(&tm);
@@ -937,14 +979,17 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
             pb.inc(names.len() as u64);
         }
         let calibrated = cal.is_some();
-        for g in groups(&model, l).into_iter().filter(|_| calibrated) {
-            let stats = match &mut cal {
-                Some((c, _)) => c.pass(&mut model, l, Some(g[0]), false, &tm)?,
+        for (g, src) in groups(&model, l).into_iter().filter(|_| calibrated) {
+            let mut stats = match &mut cal {
+                Some((c, _)) => Some(c.stats_for(&mut model, l, src, g[0], &tm)?),
                 None => None,
             };
             // The group's matrices share their statistics and nothing else: fit them concurrently.
             pb.set_message(names[g[0]].0.clone());
             let lins: Vec<Linear> = g.iter().map(|&i| model.layer_linears_mut(l)[i].clone()).collect();
+            if let Some(st) = &mut stats {
+                prepare_stats(st, &lins.iter().collect::<Vec<_>>(), o, &tm)?;
+            }
             let done = tm.concurrent(|| {
                 lins.par_iter().map(|lin| quantize_linear(lin, o, stats.as_ref(), &tm)).collect::<Result<Vec<_>>>()
             })?;
@@ -955,7 +1000,8 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
             }
         }
         if let Some((c, _)) = &mut cal {
-            c.pass(&mut model, l, None, true, &tm)?;
+            // The rows are past the token mixer (the MLP input group advanced them).
+            c.pass(&mut model, l, Half::Mlp, None, true, &tm)?;
         }
         let (mut mixer, mut mlp) = (Vec::new(), Vec::new());
         for e in entries.into_iter().flatten() {
@@ -986,7 +1032,7 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         let stats = match &cal {
             Some((c, _)) => {
                 let h = model.cfg.hidden_size;
-                let mut st = InputStats { fit: Hessian::new(h), hold: Hessian::new(h) };
+                let mut st = InputStats::new(h);
                 for (r, x) in c.xs.iter().enumerate() {
                     let t = x.len() / h;
                     let normed = final_norm_rows(&model, x, t);
@@ -1005,7 +1051,7 @@ pub fn quantize(o: &Options) -> Result<Outcome> {
         if let Some(t) = &mut teacher {
             tm.time(Stage::Check, || t.source_head(&model))?;
         }
-        quantize_head(&mut model, stats.as_ref())?;
+        quantize_head(&mut model, stats)?;
         ck.release("lm_head.");
         // The untied embedding is the source's, unchanged (FP16 in the export); its pages are
         // given back as the table streams through.

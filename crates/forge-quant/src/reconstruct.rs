@@ -46,7 +46,7 @@ struct RowTerms {
 
 struct Problem<'a> {
     /// `H` in f32, `cin × cin`.
-    h: Vec<f32>,
+    h: &'a [f32],
     /// `H w_r` per row.
     hw: Vec<f32>,
     /// `w_rᵀ H w_r` per row.
@@ -75,13 +75,12 @@ fn mat_vec(h: &[f32], n: usize, v: &[f32], out: &mut [f32]) {
 }
 
 impl<'a> Problem<'a> {
-    fn new(target: &[f32], m: &'a LutMatrix, h: &[f64]) -> Problem<'a> {
+    fn new(target: &[f32], m: &'a LutMatrix, h: &'a [f32]) -> Problem<'a> {
         let n = m.cin;
-        let hf: Vec<f32> = h.iter().map(|&v| v as f32).collect();
         let mut hw = vec![0f32; m.cout * n];
-        hw.par_chunks_mut(n).zip(target.par_chunks(n)).for_each(|(o, w)| mat_vec(&hf, n, w, o));
+        hw.par_chunks_mut(n).zip(target.par_chunks(n)).for_each(|(o, w)| mat_vec(h, n, w, o));
         let whw = target.chunks(n).zip(hw.chunks(n)).map(|(w, y)| dot(w, y)).collect();
-        Problem { h: hf, hw, whw, m }
+        Problem { h, hw, whw, m }
     }
 
     fn d(&self) -> usize {
@@ -109,7 +108,7 @@ impl<'a> Problem<'a> {
                 || (vec![0f32; n], vec![0f32; n]),
                 |(u, y), r| {
                     self.row(cb, r, u);
-                    mat_vec(&self.h, n, u, y);
+                    mat_vec(self.h, n, u, y);
                     (dot(u, y), dot(u, &self.hw[r * n..(r + 1) * n]))
                 },
             )
@@ -236,12 +235,12 @@ fn cholesky_solve(a: &mut [f64], b: &mut [f64], n: usize) -> bool {
 /// Refit `m`'s codebook and scales to `target` (the matrix it stands for, in its stored basis)
 /// under the Hessian `h` (`cin × cin`), in at most `rounds` alternations. Indices never change,
 /// and the result's loss is never above the input's.
-pub fn refit(target: &[f32], m: &LutMatrix, h: &[f64], rounds: usize) -> (LutMatrix, Refit) {
+pub fn refit(target: &[f32], m: &LutMatrix, h: &[f32], rounds: usize) -> (LutMatrix, Refit) {
     refit_on(target, m, h, rounds, true)
 }
 
 /// [`refit`], with the codebook put back on the kernels' grid after each solve or not (tests).
-fn refit_on(target: &[f32], m: &LutMatrix, h: &[f64], rounds: usize, grid: bool) -> (LutMatrix, Refit) {
+fn refit_on(target: &[f32], m: &LutMatrix, h: &[f32], rounds: usize, grid: bool) -> (LutMatrix, Refit) {
     let p = Problem::new(target, m, h);
     let start = p.terms(&m.codebook);
     let before = p.loss(&start, &m.scale);
@@ -286,16 +285,16 @@ mod tests {
     use forge_kernels::lut::Format;
     use forge_model::sampling::Rng;
 
-    fn hessian(n: usize, rows: usize, rng: &mut Rng) -> Vec<f64> {
+    fn hessian(n: usize, rows: usize, rng: &mut Rng) -> Vec<f32> {
         // Correlated inputs with uneven channel scales, as activations have.
         let x: Vec<f32> = (0..rows * n)
             .map(|i| (rng.next_f64() as f32 - 0.5) * (1.0 + (i % n) as f32 / 4.0) + if i % 3 == 0 { 0.3 } else { 0.0 })
             .collect();
-        let mut h = vec![0f64; n * n];
+        let mut h = vec![0f32; n * n];
         for r in x.chunks(n) {
             for i in 0..n {
                 for j in 0..n {
-                    h[i * n + j] += (r[i] * r[j]) as f64 / rows as f64;
+                    h[i * n + j] += r[i] * r[j] / rows as f32;
                 }
             }
         }
@@ -312,7 +311,7 @@ mod tests {
     }
 
     /// Relative output error of `m` against `w` under `h`.
-    fn rel_error(w: &[f32], m: &LutMatrix, h: &[f64]) -> f64 {
+    fn rel_error(w: &[f32], m: &LutMatrix, h: &[f32]) -> f64 {
         let zero = vec![0.0; w.len()];
         (calib_loss(w, &m.reconstruct(), m.cout, m.cin, h) / calib_loss(w, &zero, m.cout, m.cin, h)).sqrt()
     }

@@ -1,8 +1,8 @@
 //! Quantizing a matrix too large to hold in f32 several times over, a block of rows at a time.
 
 use crate::export::MatrixEntry;
-use crate::gptq::{calib_loss, gptq};
-use crate::quantize::{rotate_hessian, InputStats, Method, Options, Stage, Timings};
+use crate::gptq::{gptq_factored, Factor};
+use crate::quantize::{InputStats, Method, Options, Stage, Timings};
 use crate::quantize_matrix::{fit_codebook, normalize, row_scales, QuantMatrix};
 use anyhow::{bail, Context, Result};
 use forge_kernels::lut::{Format, LutMatrix};
@@ -59,13 +59,22 @@ pub(crate) fn quantize_rows(
             r.rotate_weight(v, n)
         }
     };
-    let h_fit = tm.time(Stage::Hessians, || match (stats, &rot) {
-        (Some(s), Some(r)) => Some(rotate_hessian(&s.fit.finish(), cin, r)),
-        (Some(s), None) => Some(s.fit.finish()),
+    let h_fit = match stats {
+        Some(s) => Some(s.fit_in(rot.as_ref()).with_context(|| format!("{name}: input statistics not prepared"))?),
+        None => None,
+    };
+    let h_hold = stats.filter(|s| s.hold.rows > 0).map(|s| &s.hold);
+    // Every block of rows runs GPTQ on the same factor: made here unless the statistics hold it.
+    let local: Option<Factor>;
+    let factor = match (stats.and_then(|s| s.factor(rot.as_ref())), &h_fit) {
+        (Some(f), _) => Some(f),
+        (None, Some(h)) if o.method == Method::Gptq && format.is_lut() => {
+            local = Some(tm.time(Stage::Gptq, || Factor::new(h, cin)).with_context(|| format!("GPTQ of {name}"))?);
+            local.as_ref()
+        }
         _ => None,
-    });
-    let h_hold = stats.filter(|s| s.hold.rows > 0).map(|s| s.hold.finish());
-    let diag: Option<Vec<f32>> = h_fit.as_ref().map(|h| (0..cin).map(|i| h[i * cin + i] as f32).collect());
+    };
+    let diag: Option<Vec<f32>> = h_fit.as_ref().map(|h| (0..cin).map(|i| h[i * cin + i]).collect());
     let codebook = if format.is_lut() {
         let groups = out / d;
         let take = (sizes.sample / (d * cin)).clamp(1, groups);
@@ -93,9 +102,9 @@ pub(crate) fn quantize_rows(
         let mut eff = if format.is_lut() {
             let scale = row_scales(&t, n, cin);
             let mut wn = normalize(&t, cin, &scale);
-            let i = match &h_fit {
-                Some(h) if o.method == Method::Gptq => tm
-                    .time(Stage::Gptq, || gptq(&mut wn, n, cin, h, &codebook, d))
+            let i = match factor {
+                Some(f) => tm
+                    .time(Stage::Gptq, || gptq_factored(&mut wn, n, f, &codebook, d))
                     .with_context(|| format!("GPTQ of {name}"))?,
                 _ => tm.time(Stage::Fit, || crate::quantize_matrix::assign_rtn(&wn, n, cin, &codebook, d)),
             };
@@ -118,8 +127,8 @@ pub(crate) fn quantize_rows(
             noise += (*a as f64 - *b as f64).powi(2);
         }
         if let Some(h) = &h_hold {
-            h_signal += calib_loss(&w, &vec![0f32; w.len()], n, cin, h);
-            h_noise += calib_loss(&w, &eff, n, cin, h);
+            h_signal += h.loss(&w, None, n);
+            h_noise += h.loss(&w, Some(&eff), n);
         }
     }
     let mut st = BTreeMap::new();
@@ -147,7 +156,6 @@ pub(crate) fn quantize_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gptq::Hessian;
     use crate::plan::{Basis, Plan};
     use crate::quantize::{matrix_seed, quantize_linear};
     use forge_core::tensor::HostTensor;
@@ -185,9 +193,13 @@ mod tests {
         let name = "layers.0.mlp.gate_proj";
         let lin = Linear::dense(name, HostTensor::from_f32(vec![out, cin], w), None);
         let x = crate::fit::normal_samples(&mut rng, 200 * cin);
-        let mut stats = InputStats { fit: Hessian::new(cin), hold: Hessian::new(cin) };
-        stats.fit.add(&x[..160 * cin], 160);
-        stats.hold.add(&x[160 * cin..], 40);
+        let stats = |o: &Options| {
+            let mut s = InputStats::new(cin);
+            s.fit.add(&x[..160 * cin], 160);
+            s.hold.add(&x[160 * cin..], 40);
+            crate::quantize::prepare_stats(&mut s, &[&lin], o, &Timings::default()).unwrap();
+            s
+        };
         let sizes = RowBlocks { above: 0, block: 10 * cin, sample: out * cin };
         for (format, method) in [
             (Format::Lut4, Method::Rtn),
@@ -197,6 +209,7 @@ mod tests {
         ] {
             let o = options(format, method);
             let tm = Timings::default();
+            let stats = stats(&o);
             let (whole, _) = quantize_linear(&lin, &o, Some(&stats), &tm).unwrap();
             let rot = whole.rotation.map(|(seed, _)| Rotation::new(cin, seed));
             assert!(rot.is_some());
