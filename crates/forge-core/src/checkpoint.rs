@@ -3,10 +3,11 @@
 //! Canonical names are relative to the text model: `embed_tokens.weight`,
 //! `layers.3.self_attn.q_proj.weight`, `norm.weight`, `lm_head.weight`. A Hugging Face directory
 //! adds its prefix (`model.` or, for the multimodal `qwen3_5` wrapper, `model.language_model.`);
-//! a GGUF file maps the names to llama.cpp's (`blk.3.attn_q.weight`) and dequantizes to f32
-//! ([`Checkpoint::get`]) or hands out block-quantized matrices as they are stored
-//! ([`Checkpoint::gguf_block_matrix`]), undoing the Q/K row permutation that llama.cpp's
-//! converter applies to `llama` models either way.
+//! a GGUF file maps the names to llama.cpp's (`blk.3.attn_q.weight`, `blk.0.ssm_out.weight`) and
+//! dequantizes to f32 ([`Checkpoint::get`]) or hands out matrices in their blocks as they are
+//! stored ([`Checkpoint::gguf_block_matrix`]). Either way the tensors come out as the Hugging Face
+//! checkpoint holds them: what llama.cpp's converter changed (the Q/K row permutation of `llama`;
+//! the tiled value heads, `1 + w` norms and `-exp(A_log)` of `qwen35`) is undone.
 
 use crate::config::{Arch, ModelConfig};
 use crate::gguf::{BlockMatrix, GgufFile};
@@ -67,7 +68,7 @@ impl Checkpoint {
                     format!("{prefix}{canonical}")
                 }
             }
-            Checkpoint::Gguf { .. } => gguf_name(canonical).unwrap_or_else(|| canonical.to_string()),
+            Checkpoint::Gguf { arch, .. } => gguf_name(arch, canonical).unwrap_or_else(|| canonical.to_string()),
         }
     }
 
@@ -95,53 +96,100 @@ impl Checkpoint {
     pub fn get(&self, canonical: &str) -> Result<Option<HostTensor>> {
         match self {
             Checkpoint::Hf { set, .. } => set.get(&self.stored_name(canonical)),
-            Checkpoint::Gguf { file, .. } => {
-                let Some(name) = gguf_name(canonical) else { return Ok(None) };
+            Checkpoint::Gguf { file, arch } => {
+                let Some(name) = gguf_name(arch, canonical) else { return Ok(None) };
                 let Some(info) = file.tensor(&name) else { return Ok(None) };
                 let shape = info.shape();
-                let mut data = file.dequantize(&name)?;
-                if let Some(h) = self.llama_heads(canonical) {
-                    data = unpermute_rows(&data, &shape, h)
-                        .with_context(|| format!("{}: tensor '{name}'", file.path.display()))?;
-                }
+                let data = file.dequantize(&name)?;
+                let data = self
+                    .gguf_layout(canonical, &shape)
+                    .and_then(|l| l.apply(data, &shape))
+                    .with_context(|| format!("{}: tensor '{name}'", file.path.display()))?;
                 Ok(Some(HostTensor::from_f32(shape, data)))
             }
         }
     }
 
-    /// A GGUF tensor of a block-quantized type kept in its blocks over the file's mapping (no
-    /// f32 copy), in canonical row order (llama's Q/K permutation undone through a row map).
-    /// None for a directory checkpoint, a missing tensor, or a type that is not block-quantized.
+    /// A GGUF matrix of a block-quantized or 16-bit float type kept in its blocks over the file's
+    /// mapping (no f32 copy), in canonical order (reordered rows and columns read through maps).
+    /// None for a directory checkpoint, a missing tensor, or a type [`BlockMatrix`] does not hold.
     pub fn gguf_block_matrix(&self, canonical: &str) -> Result<Option<BlockMatrix>> {
-        let Checkpoint::Gguf { file, .. } = self else { return Ok(None) };
-        let Some(name) = gguf_name(canonical) else { return Ok(None) };
+        let Checkpoint::Gguf { file, arch } = self else { return Ok(None) };
+        let Some(name) = gguf_name(arch, canonical) else { return Ok(None) };
         let Some(info) = file.tensor(&name) else { return Ok(None) };
         if !BlockMatrix::supports(info.ty) {
             return Ok(None);
         }
-        let heads = self.llama_heads(canonical);
-        let row_map = match (heads, &info.shape()[..]) {
-            (Some(h), &[rows, _]) => {
-                Some(unpermuted_row_map(rows, h).with_context(|| format!("{}: tensor '{name}'", file.path.display()))?)
-            }
-            _ => None,
-        };
-        file.block_matrix(&name, row_map)
+        let shown = || format!("{}: tensor '{name}'", file.path.display());
+        let layout = self.gguf_layout(canonical, &info.shape()).with_context(shown)?;
+        if layout.fix != Fix::Same {
+            bail!("{}: a {} tensor where Forge expects floats", shown(), info.ty);
+        }
+        let Some(m) = file.block_matrix(&name, layout.rows)? else { return Ok(None) };
+        match layout.cols {
+            Some(map) => m.with_col_map(map).map(Some).with_context(shown),
+            None => Ok(Some(m)),
+        }
     }
 
-    /// For a `llama` GGUF's Q/K projection weight, the head count its rows were permuted by.
-    fn llama_heads(&self, canonical: &str) -> Option<usize> {
-        let Checkpoint::Gguf { file, arch } = self else { return None };
-        if arch != "llama" {
-            return None;
-        }
-        let n_head = |k: &str| file.get_u64(&format!("llama.attention.{k}")).map(|v| v as usize);
-        if canonical.ends_with("q_proj.weight") {
-            n_head("head_count")
-        } else if canonical.ends_with("k_proj.weight") {
-            n_head("head_count_kv").or_else(|| n_head("head_count"))
-        } else {
-            None
+    /// How the stored tensor of `canonical` (of stored `shape`) differs from the Hugging Face
+    /// one: rows or columns that llama.cpp's converter reordered, values it transformed.
+    fn gguf_layout(&self, canonical: &str, shape: &[usize]) -> Result<Layout> {
+        let Checkpoint::Gguf { file, arch } = self else { return Ok(Layout::default()) };
+        let rows = shape.first().copied().unwrap_or(1);
+        let meta = |k: &str| file.get_u64(&format!("{arch}.{k}")).map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+        match arch.as_str() {
+            "llama" => {
+                let heads = if canonical.ends_with("q_proj.weight") {
+                    meta("attention.head_count")
+                } else if canonical.ends_with("k_proj.weight") {
+                    meta("attention.head_count_kv").or_else(|| meta("attention.head_count"))
+                } else {
+                    None
+                };
+                let rows = heads.map(|h| unpermuted_row_map(rows, h)).transpose()?;
+                Ok(Layout { rows, ..Layout::default() })
+            }
+            // The converter adds one to every `*norm.weight` but the DeltaNet's gated norm, stores
+            // `-exp(A_log)`, and (with fewer key than value heads) tiles the value heads.
+            "qwen35" => {
+                let fix = if canonical.ends_with(".A_log") {
+                    Fix::LogOfNegated
+                } else if canonical.ends_with("norm.weight") && !canonical.ends_with("linear_attn.norm.weight") {
+                    Fix::MinusOne
+                } else {
+                    Fix::Same
+                };
+                let Some((_, tail)) = canonical.split_once(".linear_attn.") else {
+                    return Ok(Layout { fix, ..Layout::default() });
+                };
+                let need = |k: &str| meta(k).ok_or_else(|| anyhow!("missing '{arch}.{k}'"));
+                let (nk, nv, kd) = (need("ssm.group_count")?, need("ssm.time_step_rank")?, need("ssm.state_size")?);
+                if nk == 0 || nv == nk || !nv.is_multiple_of(nk) {
+                    return Ok(Layout { fix, ..Layout::default() });
+                }
+                let vd = need("ssm.inner_size")? / nv;
+                let key_channels = nk.saturating_mul(kd).saturating_mul(2);
+                let cols = shape.get(1).copied().unwrap_or(1);
+                // The map's length is checked against the stored shape before it is built, so
+                // metadata that disagrees with the tensors never sizes an allocation.
+                let tiled = |head_dim: usize, offset: usize, n: usize, what: &str| {
+                    let len = nv.saturating_mul(head_dim).saturating_add(offset);
+                    if len != n {
+                        bail!("{n} {what}, but {nv} value heads of {head_dim} after {offset} key channels make {len}");
+                    }
+                    Ok(Some(tiled_value_heads(nk, nv / nk, head_dim, offset)))
+                };
+                let (row_map, col_map) = match tail {
+                    "in_proj_qkv.weight" | "conv1d.weight" => (tiled(vd, key_channels, rows, "rows")?, None),
+                    "in_proj_z.weight" => (tiled(vd, 0, rows, "rows")?, None),
+                    "in_proj_a.weight" | "in_proj_b.weight" | "dt_bias" | "A_log" => (tiled(1, 0, rows, "rows")?, None),
+                    "out_proj.weight" => (None, tiled(vd, 0, cols, "columns")?),
+                    _ => (None, None),
+                };
+                Ok(Layout { rows: row_map, cols: col_map, fix })
+            }
+            _ => Ok(Layout::default()),
         }
     }
 
@@ -215,8 +263,8 @@ impl Checkpoint {
     }
 }
 
-/// llama.cpp tensor name of a canonical HF name.
-fn gguf_name(canonical: &str) -> Option<String> {
+/// llama.cpp tensor name of a canonical HF name in a file of architecture `arch`.
+fn gguf_name(arch: &str, canonical: &str) -> Option<String> {
     Some(match canonical {
         "embed_tokens.weight" => "token_embd.weight".into(),
         "norm.weight" => "output_norm.weight".into(),
@@ -226,6 +274,7 @@ fn gguf_name(canonical: &str) -> Option<String> {
             let (idx, tail) = rest.split_once('.')?;
             let mapped = match tail {
                 "input_layernorm.weight" => "attn_norm.weight",
+                "post_attention_layernorm.weight" if arch == "qwen35" => "post_attention_norm.weight",
                 "post_attention_layernorm.weight" => "ffn_norm.weight",
                 "self_attn.q_proj.weight" => "attn_q.weight",
                 "self_attn.k_proj.weight" => "attn_k.weight",
@@ -237,6 +286,15 @@ fn gguf_name(canonical: &str) -> Option<String> {
                 "self_attn.o_proj.bias" => "attn_output.bias",
                 "self_attn.q_norm.weight" => "attn_q_norm.weight",
                 "self_attn.k_norm.weight" => "attn_k_norm.weight",
+                "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
+                "linear_attn.in_proj_z.weight" => "attn_gate.weight",
+                "linear_attn.in_proj_a.weight" => "ssm_alpha.weight",
+                "linear_attn.in_proj_b.weight" => "ssm_beta.weight",
+                "linear_attn.out_proj.weight" => "ssm_out.weight",
+                "linear_attn.conv1d.weight" => "ssm_conv1d.weight",
+                "linear_attn.norm.weight" => "ssm_norm.weight",
+                "linear_attn.dt_bias" => "ssm_dt.bias",
+                "linear_attn.A_log" => "ssm_a",
                 "mlp.gate_proj.weight" => "ffn_gate.weight",
                 "mlp.up_proj.weight" => "ffn_up.weight",
                 "mlp.down_proj.weight" => "ffn_down.weight",
@@ -247,7 +305,79 @@ fn gguf_name(canonical: &str) -> Option<String> {
     })
 }
 
-/// The GGUF row each HF row reads under llama.cpp's `permute` (see [`unpermute_rows`]).
+/// How a GGUF tensor is read back into its Hugging Face form.
+#[derive(Debug, Default, PartialEq)]
+struct Layout {
+    /// Stored row of each row (a permutation).
+    rows: Option<Vec<u32>>,
+    /// Stored column of each column (a permutation).
+    cols: Option<Vec<u32>>,
+    fix: Fix,
+}
+
+/// A transformation of the values that the converter applied and that is undone here.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Fix {
+    #[default]
+    Same,
+    /// Stored `1 + w`.
+    MinusOne,
+    /// Stored `-exp(w)`.
+    LogOfNegated,
+}
+
+impl Layout {
+    /// `data` (row-major, `shape`) in the Hugging Face order and values.
+    fn apply(&self, data: Vec<f32>, shape: &[usize]) -> Result<Vec<f32>> {
+        let rows = shape.first().copied().unwrap_or(1).max(1);
+        let cols = data.len() / rows;
+        let mut out = match &self.rows {
+            Some(map) => {
+                if map.len() != rows {
+                    bail!("a row map of {} rows for shape {shape:?}", map.len());
+                }
+                map.iter().flat_map(|&r| &data[r as usize * cols..(r as usize + 1) * cols]).copied().collect()
+            }
+            None => data,
+        };
+        if let Some(map) = &self.cols {
+            if map.len() != cols {
+                bail!("a column map of {} columns for shape {shape:?}", map.len());
+            }
+            let mut row = vec![0f32; cols];
+            for r in out.chunks_exact_mut(cols) {
+                row.copy_from_slice(r);
+                r.iter_mut().zip(map.iter()).for_each(|(y, &c)| *y = row[c as usize]);
+            }
+        }
+        match self.fix {
+            Fix::Same => {}
+            Fix::MinusOne => out.iter_mut().for_each(|v| *v -= 1.0),
+            Fix::LogOfNegated => {
+                if let Some(v) = out.iter().find(|v| v.is_nan() || **v >= 0.0) {
+                    bail!("holds {v}, but a stored -exp(A_log) is negative");
+                }
+                out.iter_mut().for_each(|v| *v = (-*v).ln());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Where each entry of `offset` leading entries and then value heads in Hugging Face order
+/// (grouped by key head: `k·r + v`) sits after llama.cpp's converter tiled them (`v·nk + k`), for
+/// `nk` key heads of `r` value heads each, `head_dim` entries a head.
+fn tiled_value_heads(nk: usize, r: usize, head_dim: usize, offset: usize) -> Vec<u32> {
+    let heads = (0..nk * r).flat_map(|h| {
+        let (k, v) = (h / r, h % r);
+        let stored = v * nk + k;
+        (0..head_dim).map(move |e| (offset + stored * head_dim + e) as u32)
+    });
+    (0..offset as u32).chain(heads).collect()
+}
+
+/// The GGUF row each HF row reads under llama.cpp's `permute`: within each head, GGUF row
+/// `2j + p` is HF row `p·(d/2) + j`.
 fn unpermuted_row_map(rows: usize, n_head: usize) -> Result<Vec<u32>> {
     if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
         bail!("{rows} rows do not split into {n_head} heads of even size");
@@ -262,36 +392,12 @@ fn unpermuted_row_map(rows: usize, n_head: usize) -> Result<Vec<u32>> {
         .collect())
 }
 
-/// Undo llama.cpp's `permute`: within each head, GGUF row `2j + p` is HF row `p·(d/2) + j`.
-fn unpermute_rows(data: &[f32], shape: &[usize], n_head: usize) -> Result<Vec<f32>> {
-    let (rows, cols) = match shape {
-        [r, c] => (*r, *c),
-        [r] => (*r, 1),
-        _ => bail!("expected a matrix, found shape {shape:?}"),
-    };
-    if n_head == 0 || rows % n_head != 0 || !(rows / n_head).is_multiple_of(2) {
-        bail!("{rows} rows do not split into {n_head} heads of even size");
-    }
-    let hd = rows / n_head;
-    let half = hd / 2;
-    let mut out = vec![0f32; data.len()];
-    for h in 0..n_head {
-        for j in 0..half {
-            for p in 0..2 {
-                let src = h * hd + 2 * j + p;
-                let dst = h * hd + p * half + j;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The configuration a GGUF file's metadata describes (llama-family architectures).
+/// The configuration a GGUF file's metadata describes (llama-family architectures and the
+/// `qwen35` hybrid).
 pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     let arch = f.get_str("general.architecture").ok_or_else(|| anyhow!("missing 'general.architecture'"))?;
-    if !matches!(arch, "llama" | "qwen2" | "qwen3" | "mistral") {
-        bail!("unsupported GGUF architecture '{arch}' (supported: llama, qwen2, qwen3, mistral)");
+    if !matches!(arch, "llama" | "qwen2" | "qwen3" | "mistral" | "qwen35") {
+        bail!("unsupported GGUF architecture '{arch}' (supported: llama, qwen2, qwen3, mistral, qwen35)");
     }
     let key = |k: &str| format!("{arch}.{k}");
     // Values beyond usize saturate; the bounds of `ModelConfig::validate` refuse them.
@@ -309,9 +415,21 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         [vocab, _] => vocab,
         ref other => bail!("tensor 'token_embd.weight' has shape {other:?}, expected [vocab, hidden]"),
     };
-    let num_layers = need("block_count")?;
+    // Multi-token-prediction blocks (`nextn_predict_layers`) follow the model's own layers.
+    let num_layers = need("block_count")?.saturating_sub(int(&key("nextn_predict_layers")).unwrap_or(0));
     // Sizes the layer list below: checked before it is built.
     crate::config::check_range(&key("block_count"), num_layers, 0, crate::config::MAX_LAYERS)?;
+    let hybrid = arch == "qwen35";
+    let (layer_kinds, deltanet) = match hybrid {
+        true => qwen35_layers(f, num_layers)?,
+        false => (vec![crate::config::LayerKind::Attention; num_layers], None),
+    };
+    // Qwen3.5's attention doubles `attn_q` to carry its output gate.
+    let first_attention = layer_kinds.iter().position(|k| *k == crate::config::LayerKind::Attention);
+    let attn_output_gate = hybrid
+        && first_attention
+            .and_then(|i| f.tensor(&format!("blk.{i}.attn_q.weight")))
+            .is_none_or(|t| t.shape().first().copied() == Some(num_heads.saturating_mul(head_dim).saturating_mul(2)));
     let rotary_dim = int(&key("rope.dimension_count")).unwrap_or(head_dim);
     let rope_scaling = match f.get_str(&key("rope.scaling.type")) {
         Some("linear") => {
@@ -320,7 +438,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         _ => None,
     };
     let cfg = ModelConfig {
-        arch: Arch::Llama,
+        arch: if hybrid { Arch::Qwen35 } else { Arch::Llama },
         model_type: arch.to_string(),
         vocab_size,
         hidden_size,
@@ -335,17 +453,63 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         rope_scaling,
         tie_embeddings: f.tensor("output.weight").is_none(),
         attention_bias: f.tensor("blk.0.attn_q.bias").is_some(),
-        qk_norm: f.tensor("blk.0.attn_q_norm.weight").is_some(),
-        attn_output_gate: false,
-        norm_zero_centered: false,
-        layer_kinds: vec![crate::config::LayerKind::Attention; num_layers],
-        deltanet: None,
+        qk_norm: hybrid || f.tensor("blk.0.attn_q_norm.weight").is_some(),
+        attn_output_gate,
+        // The norms are read back as Hugging Face stores them (see `Checkpoint::gguf_layout`).
+        norm_zero_centered: hybrid,
+        layer_kinds,
+        deltanet,
         max_position_embeddings: int(&key("context_length")).unwrap_or(2048),
         bos_token_id: f.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_token_ids: f.get_u64("tokenizer.ggml.eos_token_id").map(|v| vec![v as u32]).unwrap_or_default(),
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// A `qwen35` file's layer kinds (`attention.recurrent_layers`, else every
+/// `full_attention_interval`-th layer attends) and DeltaNet sizes (llama.cpp's `ssm.*` keys).
+fn qwen35_layers(
+    f: &GgufFile,
+    num_layers: usize,
+) -> Result<(Vec<crate::config::LayerKind>, Option<crate::config::DeltaNetConfig>)> {
+    use crate::config::LayerKind;
+    let int = |k: &str| f.get_u64(&format!("qwen35.{k}")).map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+    let need = |k: &str| int(k).ok_or_else(|| anyhow!("missing 'qwen35.{k}'"));
+    let kinds: Vec<LayerKind> = match f.get_bool_array("qwen35.attention.recurrent_layers") {
+        Some(rec) => {
+            if rec.len() < num_layers {
+                bail!("'qwen35.attention.recurrent_layers' has {} entries for {num_layers} layers", rec.len());
+            }
+            rec[..num_layers].iter().map(|&r| if r { LayerKind::DeltaNet } else { LayerKind::Attention }).collect()
+        }
+        None => {
+            let interval = int("full_attention_interval").unwrap_or(4).max(1);
+            (0..num_layers)
+                .map(|i| if (i + 1) % interval == 0 { LayerKind::Attention } else { LayerKind::DeltaNet })
+                .collect()
+        }
+    };
+    let num_v_heads = need("ssm.time_step_rank")?;
+    let inner = need("ssm.inner_size")?;
+    if num_v_heads == 0 || !inner.is_multiple_of(num_v_heads) {
+        bail!("'qwen35.ssm.inner_size' {inner} does not split into {num_v_heads} value heads");
+    }
+    let dn = crate::config::DeltaNetConfig {
+        num_k_heads: need("ssm.group_count")?,
+        num_v_heads,
+        k_head_dim: need("ssm.state_size")?,
+        v_head_dim: inner / num_v_heads,
+        conv_kernel: need("ssm.conv_kernel")?,
+    };
+    if dn.num_k_heads == 0 || !dn.num_v_heads.is_multiple_of(dn.num_k_heads) {
+        bail!(
+            "{} value heads ('ssm.time_step_rank') are not a multiple of {} key heads ('ssm.group_count')",
+            dn.num_v_heads,
+            dn.num_k_heads
+        );
+    }
+    Ok((kinds, Some(dn)))
 }
 
 #[cfg(test)]
@@ -368,9 +532,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(unpermute_rows(&gg, &[rows, cols], n_head).unwrap(), hf);
-        // The row map (what quantized GGUF matrices read through) does the same.
         let map = unpermuted_row_map(rows, n_head).unwrap();
+        let layout = Layout { rows: Some(map.clone()), ..Layout::default() };
+        assert_eq!(layout.apply(gg.clone(), &[rows, cols]).unwrap(), hf);
+        // Quantized GGUF matrices read through the same map.
         let mapped: Vec<f32> =
             map.iter().flat_map(|&r| gg[r as usize * cols..(r as usize + 1) * cols].to_vec()).collect();
         assert_eq!(mapped, hf);

@@ -481,6 +481,17 @@ impl GgufFile {
         }
     }
 
+    /// `None` unless the value is an array whose elements are all booleans.
+    pub fn get_bool_array(&self, key: &str) -> Option<Vec<bool>> {
+        self.array(key)?
+            .iter()
+            .map(|v| match v {
+                GgufValue::Bool(b) => Some(*b),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn get_str(&self, key: &str) -> Option<&str> {
         match self.get(key)? {
             GgufValue::String(s) => Some(s),
@@ -851,6 +862,9 @@ pub struct BlockMatrix {
     bytes: Bytes,
     /// Stored row of each logical row, when they differ (llama's Q/K head permutation).
     row_map: Option<Arc<[u32]>>,
+    /// Stored column of each logical column, when they differ (the value heads of a `qwen35`
+    /// file's DeltaNet output projection, which llama.cpp's converter tiles).
+    col_map: Option<Arc<[u32]>>,
 }
 
 impl fmt::Debug for BlockMatrix {
@@ -861,9 +875,11 @@ impl fmt::Debug for BlockMatrix {
 
 impl BlockMatrix {
     /// Whether rows of `ty` can be held as blocks: quantized types with more than one element a
-    /// block and a decoder (plain float types are read as dense tensors instead).
+    /// block and a decoder, and F16/BF16 (half the memory of an f32 copy); F32 and F64 are read
+    /// as dense tensors instead.
     pub fn supports(ty: GgmlType) -> bool {
-        ty.can_dequantize() && ty.block_size().is_some_and(|bs| bs > 1)
+        ty.can_dequantize()
+            && (ty.block_size().is_some_and(|bs| bs > 1) || matches!(ty, GgmlType::F16 | GgmlType::BF16))
     }
 
     /// `bytes` must hold exactly `rows` rows of `cols` elements of `ty`; `row_map[r]`, when
@@ -894,15 +910,21 @@ impl BlockMatrix {
                 bytes.len()
             );
         }
-        if let Some(m) = &row_map {
-            let mut seen = vec![false; rows];
-            let ok = m.len() == rows
-                && m.iter().all(|&r| (r as usize) < rows && !std::mem::replace(&mut seen[r as usize], true));
-            if !ok {
-                bail!("tensor {name}: row map is not a permutation of its {rows} rows");
-            }
+        if row_map.as_ref().is_some_and(|m| !is_permutation(m, rows)) {
+            bail!("tensor {name}: row map is not a permutation of its {rows} rows");
         }
-        Ok(BlockMatrix { name: name.to_string(), ty, rows, cols, row_bytes, bytes, row_map: row_map.map(Arc::from) })
+        let row_map = row_map.map(Arc::from);
+        Ok(BlockMatrix { name: name.to_string(), ty, rows, cols, row_bytes, bytes, row_map, col_map: None })
+    }
+
+    /// This matrix with logical column `c` read from stored column `map[c]` (a permutation of
+    /// `0..cols`). Rows are decoded whole and then gathered, so a map may cross blocks.
+    pub fn with_col_map(mut self, map: Vec<u32>) -> Result<BlockMatrix> {
+        if !is_permutation(&map, self.cols) {
+            bail!("tensor {}: column map is not a permutation of its {} columns", self.name, self.cols);
+        }
+        self.col_map = Some(Arc::from(map));
+        Ok(self)
     }
 
     /// Bytes of the stored blocks.
@@ -921,19 +943,36 @@ impl BlockMatrix {
                 out.len()
             );
         }
+        let mut stored = match self.col_map {
+            Some(_) => vec![0f32; self.cols],
+            None => Vec::new(),
+        };
         for (r, o) in (r0..r0 + n).zip(out.chunks_exact_mut(self.cols)) {
-            self.decode_row(r, o);
+            match &self.col_map {
+                Some(map) => {
+                    self.decode_row(r, &mut stored);
+                    o.iter_mut().zip(map.iter()).for_each(|(y, &c)| *y = stored[c as usize]);
+                }
+                None => self.decode_row(r, o),
+            }
         }
         Ok(())
     }
 
-    /// Decode logical row `r` (< rows) into `out` (`cols` values); checked by the callers.
+    /// Decode stored row of logical row `r` (< rows) into `out` (`cols` values); checked by
+    /// the callers.
     fn decode_row(&self, r: usize, out: &mut [f32]) {
         let s = self.row_map.as_ref().map_or(r, |m| m[r] as usize) * self.row_bytes;
         // `new` checked the type and the sizes, so this cannot refuse.
         let done = decode_blocks(self.ty, &self.bytes[s..s + self.row_bytes], out);
         debug_assert!(done);
     }
+}
+
+/// Whether `map` holds each of `0..n` once.
+fn is_permutation(map: &[u32], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    map.len() == n && map.iter().all(|&i| (i as usize) < n && !std::mem::replace(&mut seen[i as usize], true))
 }
 
 /// Where a block of `ty` keeps its super-scales (the offsets the dequantizers below read):
@@ -1934,10 +1973,31 @@ mod tests {
                 assert_eq!(got[k * cols..(k + 1) * cols], full[src * cols..(src + 1) * cols], "{ty} row {r}");
             }
             assert_eq!(m.stored_bytes(), data.len());
+            // Columns gathered across block boundaries: logical column c reads stored (7c + 3) mod cols.
+            let cmap: Vec<u32> = (0..cols).map(|c| ((7 * c + 3) % cols) as u32).collect();
+            let m = m.with_col_map(cmap.clone()).unwrap();
+            m.decode_rows(2, 1, &mut got[..cols]).unwrap();
+            let src = map[2] as usize * cols;
+            assert!(cmap.iter().enumerate().all(|(c, &s)| got[c] == full[src + s as usize]), "{ty} columns");
         }
-        for ty in [F32, F16, BF16, Other(99)] {
+        let m = |map: Vec<u32>| {
+            let data = sample_blocks(Q8_0, 64, 0.01, 0).unwrap();
+            BlockMatrix::new("w", Q8_0, 1, 64, Bytes::from_vec(data), None).unwrap().with_col_map(map)
+        };
+        let err = format!("{:#}", m(vec![0; 64]).unwrap_err());
+        assert!(err.contains("tensor w: column map is not a permutation of its 64 columns"), "{err}");
+        assert!(m((0..63).collect()).is_err() && m((0..64).rev().collect()).is_ok());
+        for ty in [F32, F64, Other(99)] {
             assert!(!BlockMatrix::supports(ty) && sample_blocks(ty, 32, 1.0, 0).is_none(), "{ty}");
         }
+        // 16-bit floats are held as they are stored too.
+        let halves: Vec<half::f16> = (0..64).map(|i| half::f16::from_f32(i as f32 / 8.0 - 3.0)).collect();
+        let data: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let m = BlockMatrix::new("h", F16, 2, 32, Bytes::from_vec(data), Some(vec![1, 0])).unwrap();
+        let mut got = vec![0f32; 64];
+        m.decode_rows(0, 2, &mut got).unwrap();
+        let want: Vec<f32> = halves[32..].iter().chain(&halves[..32]).map(|h| h.to_f32()).collect();
+        assert!(BlockMatrix::supports(BF16) && got == want);
     }
 
     /// A truncated, mis-sized or misdescribed block tensor is an error naming the tensor, never

@@ -1,6 +1,7 @@
 //! The seed corpus (`fuzz/corpus/<target>/seed-*`), derived from the repository's fixtures:
 //! small GGUF files written with Forge's own writer (a byte-level BPE vocabulary cut from
-//! SmolLM2's, a SentencePiece one, one block of every quantization type), the fixtures'
+//! SmolLM2's, a SentencePiece one, one block of every quantization type, a `qwen35` hybrid laid
+//! out as llama.cpp's converter writes it), the fixtures'
 //! safetensors files cut to their small tensors, their `config.json` files, the tokenizer's test
 //! texts, the chat-template fixtures' conversations, request bodies from the server's tests and
 //! model outputs from the parser's. `fuzz --write-seeds` rewrites them; regression inputs
@@ -155,6 +156,28 @@ fn gguf_seeds() -> Seeds {
             t(&format!("t.{}", ty.name()), vec![n], ty, &mut rng)
         })
         .collect();
+    // A one-layer `qwen35` file as llama.cpp's converter lays it out: one key head for two value
+    // heads (tiled rows and columns), Q8_0 and F16 matrices, `-exp(A_log)`.
+    let k = |key: &str| format!("qwen35.{key}");
+    let mut md = llama_metadata("qwen35");
+    md.extend([
+        (k("ssm.conv_kernel"), GgufValue::U32(4)),
+        (k("ssm.state_size"), GgufValue::U32(8)),
+        (k("ssm.group_count"), GgufValue::U32(1)),
+        (k("ssm.time_step_rank"), GgufValue::U32(2)),
+        (k("ssm.inner_size"), GgufValue::U32(16)),
+        (k("attention.recurrent_layers"), GgufValue::Array(vec![GgufValue::Bool(true)])),
+        (k("full_attention_interval"), GgufValue::U32(4)),
+    ]);
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let hybrid = vec![
+        t("token_embd.weight", vec![32, 16], GgmlType::Q8_0, &mut rng),
+        t("blk.0.attn_qkv.weight", vec![32, 32], GgmlType::Q8_0, &mut rng),
+        t("blk.0.ssm_out.weight", vec![16, 32], GgmlType::F16, &mut rng),
+        ("blk.0.ssm_a".to_string(), vec![2], GgmlType::F32, f32s(&[-0.5, -2.0])),
+        ("blk.0.attn_norm.weight".to_string(), vec![32], GgmlType::F32, f32s(&[1.25; 32])),
+    ];
+    out.push(("seed-qwen35-tiled".to_string(), gguf_bytes(&md, &hybrid)));
     out.push((
         "seed-every-quant-type".to_string(),
         gguf_bytes(&[("general.architecture".into(), s("llama"))], &tensors),

@@ -182,10 +182,17 @@ pub fn gguf(data: &[u8]) {
             "layers.0.self_attn.q_proj.weight",
             "layers.0.self_attn.k_proj.weight",
             "layers.0.input_layernorm.weight",
+            "layers.0.linear_attn.in_proj_qkv.weight",
+            "layers.0.linear_attn.out_proj.weight",
+            "layers.0.linear_attn.A_log",
             "norm.weight",
             "lm_head.weight",
         ] {
             let _ = ck.get(name);
+            if let Ok(Some(m)) = ck.gguf_block_matrix(name).map(|m| m.filter(|m| m.rows > 0)) {
+                let mut row = vec![0f32; m.cols];
+                m.decode_rows(0, 1, &mut row).expect("a block matrix decodes its first row");
+            }
         }
     }
     if let Some(v) = ck.gguf_vocab() {

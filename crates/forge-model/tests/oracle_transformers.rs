@@ -55,8 +55,15 @@ fn run_chunks(m: &Model, toks: &[u32], chunks: &[usize]) -> (Vec<f32>, Session) 
 /// by the order of f32 roundings: a few times what the model shows, whose size depends on its
 /// depth and logit scale. The states' bounds below are the same kind.
 fn check_model(name: &str, with_states: bool, tol: f32) {
+    check_model_file(name, &fixture(name), with_states, tol)
+}
+
+/// [`check_model`] of the fixture `name`'s tokens and transformers' outputs on the model at
+/// `path` (the fixture itself, or a conversion of it).
+fn check_model_file(name: &str, path: &std::path::Path, with_states: bool, tol: f32) {
     let dir = fixture(name);
-    let loaded = load(&dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let name = &format!("{name} ({})", path.file_name().unwrap().to_string_lossy());
+    let loaded = load(path).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     let m = &loaded.model;
     let toks = tokens(&dir);
     let (shape, want) = read_npy(&dir.join("logits.npy")).unwrap();
@@ -121,6 +128,20 @@ fn qwen35_text_f32() {
 #[test]
 fn qwen35_multimodal_sharded_bf16() {
     check_model("qwen35_tiny_mm", true, 1.5e-4);
+}
+
+/// llama.cpp's converter's files of the same checkpoints (`qwen35` GGUF: norms stored as
+/// 1 + w, `-exp(A_log)`, value heads tiled; tools/make_qwen35_gguf_fixtures.py) give
+/// transformers' logits and states: the recurrent and conv states come out in Hugging Face's
+/// head order, so the tiling is undone, not merely consistent.
+#[test]
+fn qwen35_gguf_f32() {
+    check_model_file("qwen35_tiny", &fixture("qwen35_gguf/tiny-f32.gguf"), true, 1e-4);
+}
+
+#[test]
+fn qwen35_gguf_bf16_tied() {
+    check_model_file("qwen35_tiny_mm", &fixture("qwen35_gguf/mm-bf16.gguf"), true, 1.5e-4);
 }
 
 #[test]

@@ -54,23 +54,19 @@ fn write_source(path: &Path) {
     write_gguf(path, &meta, &tensors).unwrap();
 }
 
-#[test]
-fn quantize_from_a_block_quantized_gguf() {
-    let dir = std::env::temp_dir().join(format!("forge-gguf-source-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("src.gguf");
-    write_source(&src);
-    let out = dir.join("export");
+/// `forge quantize` of `src` (RTN, lut4) gives, for each of its `matrices`, the quantization of
+/// the matrix that the file dequantized at load holds.
+fn check_quantized_from(src: &Path, out: &Path, matrices: usize) {
     let plan = Plan::uniform(Format::Lut4);
-    quantize(&common::rtn_options("src.gguf", src.clone(), plan.clone(), 7, &out)).unwrap_or_else(|e| panic!("{e:#}"));
+    let name = src.file_name().unwrap().to_str().unwrap();
+    quantize(&common::rtn_options(name, src.to_path_buf(), plan.clone(), 7, out)).unwrap_or_else(|e| panic!("{e:#}"));
 
     // The source as the quantizer loads it: every matrix in its blocks.
-    let (ck, cfg) = Checkpoint::open(&src).unwrap();
+    let (ck, cfg) = Checkpoint::open(src).unwrap();
     let blocks = model_with_options(&ck, cfg.clone(), &|_, _, _| Ok(None), LoadOptions::default()).unwrap();
     assert!(blocks.linears().iter().all(|l| matches!(l.weight, Weight::Gguf(_))));
     let reference = model_with_options(&ck, cfg, &|_, _, _| Ok(None), LoadOptions { dequantize_gguf: true }).unwrap();
-    let q = load(&out).unwrap_or_else(|e| panic!("{e:#}"));
+    let q = load(out).unwrap_or_else(|e| panic!("{e:#}"));
     let mut n = 0;
     for (lq, ld) in q.model.linears().iter().zip(reference.linears()) {
         assert_eq!(lq.name, ld.name);
@@ -86,6 +82,21 @@ fn quantize_from_a_block_quantized_gguf() {
         assert!(got == want, "{} differs from a quantization of the dequantized source", ld.name);
         n += 1;
     }
-    assert_eq!(n, 8, "seven layer matrices and the tied head");
+    assert_eq!(n, matrices, "{name}");
+}
+
+#[test]
+fn quantize_from_a_block_quantized_gguf() {
+    let dir = std::env::temp_dir().join(format!("forge-gguf-source-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("src.gguf");
+    write_source(&src);
+    // Seven layer matrices and the tied head.
+    check_quantized_from(&src, &dir.join("export"), 8);
+    // llama.cpp's Q8_0 conversion of the hybrid fixture: value heads tiled in the file (the
+    // DeltaNet's output projection through a column map), read back in Hugging Face order.
+    let hybrid = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen35_gguf/tiny-q8_0.gguf");
+    check_quantized_from(&hybrid, &dir.join("export-qwen35"), 3 * 5 + 2 * 4 + 5 * 3 + 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
