@@ -6,6 +6,7 @@ pub mod config;
 pub mod fsutil;
 pub mod gguf;
 pub mod hub;
+pub mod huge;
 pub mod npy;
 pub mod release;
 pub mod safetensors_dir;

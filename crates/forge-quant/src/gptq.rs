@@ -8,7 +8,8 @@
 
 use crate::cholesky::{cholesky_lower, lower_inverse};
 use crate::quantize_matrix::Rounder;
-use anyhow::Result;
+use anyhow::{Context, Result};
+use forge_core::huge::HugeBuf;
 use forge_kernels::matmul::{gemm_strided, Op};
 use forge_kernels::rotation::Rotation;
 use rayon::prelude::*;
@@ -111,8 +112,8 @@ fn by_tiles(n: usize, mut f: impl FnMut(usize, usize)) {
 ///
 /// `JHJ = MMᵀ` gives `H = RRᵀ` for the upper-triangular `R = JMJ`, so `H⁻¹ = (R⁻¹)ᵀR⁻¹`: the
 /// upper factor `U` with `UᵀU = H⁻¹` is `R⁻¹ = J M⁻¹ J`, that is `U[i][j] = M⁻¹[n−1−i][n−1−j]`.
-fn reversed_inverse_factor(n: usize, entry: impl Fn(usize, usize) -> f64 + Sync) -> Result<Vec<f64>> {
-    let mut k = vec![0f64; n * n];
+fn reversed_inverse_factor(n: usize, entry: impl Fn(usize, usize) -> f64 + Sync) -> Result<HugeBuf<f64>> {
+    let mut k = HugeBuf::zeroed(n * n).with_context(|| format!("GPTQ: memory for the {n} × {n} factor"))?;
     k.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
         for (j, v) in row[..=i].iter_mut().enumerate() {
             *v = entry(n - 1 - j, n - 1 - i);
@@ -150,7 +151,7 @@ pub struct Factor {
     perm: Vec<usize>,
     dead: Vec<bool>,
     /// `U` in f32, in the first half of these bytes ([`narrow_upper_factor`]).
-    buf: Vec<f64>,
+    buf: HugeBuf<f64>,
 }
 
 impl Factor {
@@ -197,7 +198,7 @@ pub fn gptq_factored(wn: &mut [f32], out: usize, f: &Factor, codebook: &[f32], d
             wn[r * cin + i] = 0.0;
         }
     }
-    let mut w = vec![0f32; out * n];
+    let mut w = HugeBuf::<f32>::zeroed(out * n).with_context(|| format!("GPTQ: memory for {out} × {n} weights"))?;
     for r in 0..out {
         for (j, &p) in perm.iter().enumerate() {
             w[r * n + j] = wn[r * cin + p];
