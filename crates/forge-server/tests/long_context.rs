@@ -72,8 +72,17 @@ fn a_long_prompt_is_answered_as_the_model_answers_it() {
     assert!(cached as usize >= ids.len() - 1, "cached {cached} of {}", ids.len());
     assert!(!second["choices"][0]["text"].as_str().unwrap().is_empty(), "{second}");
 
-    // Every request done: no page held by a request, and the cache is KV8's.
-    let h = get(bg.addr, "/health", None).json();
+    // Every request done (the engine frees a slot just after its answer is sent): no page held
+    // by a request, and the cache is KV8's.
+    let t = std::time::Instant::now();
+    let h = loop {
+        let h = get(bg.addr, "/health", None).json();
+        if h["busy"] == false {
+            break h;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "engine still busy: {h}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert_eq!(h["kv_cache_dtype"], "kv8", "{h}");
     let kv = &h["kv_cache"];
     assert_eq!((kv["positions"].as_u64(), kv["used_bytes"].as_u64()), (Some(0), Some(0)), "{h}");
