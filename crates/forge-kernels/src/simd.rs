@@ -454,6 +454,48 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_portable(a, b)
 }
 
+macro_rules! axpy_lanes_body {
+    ($alpha:expr, $x:expr, $tile:expr, $fma:expr) => {{
+        let alpha: &[f32; 8] = $alpha;
+        let (x, tile): (&[f32], &mut [[f32; 8]]) = ($x, $tile);
+        for (col, &xj) in tile.iter_mut().zip(x) {
+            for (v, &a) in col.iter_mut().zip(alpha) {
+                *v = $fma(a, xj, *v);
+            }
+        }
+    }};
+}
+
+fn axpy_lanes8_portable(alpha: &[f32; 8], x: &[f32], tile: &mut [[f32; 8]]) {
+    axpy_lanes_body!(alpha, x, tile, mul_add_plain)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_lanes8_avx2(alpha: &[f32; 8], x: &[f32], tile: &mut [[f32; 8]]) {
+    use std::arch::x86_64::*;
+    // One vector per column, the eight rows in its lanes (left to itself, the compiler vectorizes
+    // along the columns instead and spends its time transposing).
+    let a = _mm256_loadu_ps(alpha.as_ptr());
+    for (col, &xj) in tile.iter_mut().zip(x) {
+        let p = col.as_mut_ptr();
+        // SAFETY: `p` points at the column's eight f32.
+        unsafe { _mm256_storeu_ps(p, _mm256_fmadd_ps(a, _mm256_set1_ps(xj), _mm256_loadu_ps(p))) };
+    }
+}
+
+/// `tile[j][r] += alpha[r] · x[j]`: [`axpy`] on eight rows held side by side (lane `r` of
+/// each column), every value the same bits as `axpy(alpha[r], x, row r)` would give.
+#[inline]
+pub fn axpy_lanes8(alpha: &[f32; 8], x: &[f32], tile: &mut [[f32; 8]]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
+        return unsafe { axpy_lanes8_avx2(alpha, x, tile) };
+    }
+    axpy_lanes8_portable(alpha, x, tile)
+}
+
 /// `y += alpha * x`.
 #[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
@@ -468,6 +510,34 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axpy_lanes8_is_axpy_per_row() {
+        let mut r = 0x2545f491u32;
+        let mut next = || {
+            r ^= r << 13;
+            r ^= r >> 17;
+            r ^= r << 5;
+            (r as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        for len in [0, 1, 7, 8, 9, 127] {
+            let alpha: [f32; 8] = std::array::from_fn(|_| next() * 3.0);
+            let x: Vec<f32> = (0..len).map(|_| next()).collect();
+            let mut tile: Vec<[f32; 8]> = (0..len).map(|_| std::array::from_fn(|_| next())).collect();
+            let rows: Vec<Vec<f32>> = (0..8).map(|l| tile.iter().map(|c| c[l]).collect()).collect();
+            let mut plain = tile.clone();
+            axpy_lanes8(&alpha, &x, &mut tile);
+            axpy_lanes8_portable(&alpha, &x, &mut plain);
+            for (l, row) in rows.iter().enumerate() {
+                let (mut fast, mut slow) = (row.clone(), row.clone());
+                axpy(alpha[l], &x, &mut fast);
+                axpy_portable(alpha[l], &x, &mut slow);
+                let bits = |v: &mut dyn Iterator<Item = f32>| v.map(f32::to_bits).collect::<Vec<u32>>();
+                assert_eq!(bits(&mut tile.iter().map(|c| c[l])), bits(&mut fast.into_iter()), "len {len}, lane {l}");
+                assert_eq!(bits(&mut plain.iter().map(|c| c[l])), bits(&mut slow.into_iter()), "len {len}, lane {l}");
+            }
+        }
+    }
 
     #[cfg(target_arch = "x86_64")]
     #[test]

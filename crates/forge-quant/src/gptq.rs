@@ -18,6 +18,9 @@ pub const BLOCK: usize = 128;
 pub const DAMP: f64 = 0.01;
 /// Rows of `W` per task in the sweep's block updates.
 const SWEEP_ROWS: usize = 256;
+/// Rows of `W` swept together inside a block, side by side in the lanes of one vector (a
+/// multiple of the vector dimension).
+const ROW_TILE: usize = 8;
 
 /// Accumulates `H = XᵀX / N` over the rows seen, in f32, then becomes that matrix in place
 /// ([`Hessian::finish`]): at a 27B model's 17,408 MLP inputs one such matrix is 1.2 GB, so it
@@ -114,9 +117,30 @@ fn by_tiles(n: usize, mut f: impl FnMut(usize, usize)) {
 /// upper factor `U` with `UᵀU = H⁻¹` is `R⁻¹ = J M⁻¹ J`, that is `U[i][j] = M⁻¹[n−1−i][n−1−j]`.
 fn reversed_inverse_factor(n: usize, entry: impl Fn(usize, usize) -> f64 + Sync) -> Result<HugeBuf<f64>> {
     let mut k = HugeBuf::zeroed(n * n).with_context(|| format!("GPTQ: memory for the {n} × {n} factor"))?;
-    k.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-        for (j, v) in row[..=i].iter_mut().enumerate() {
-            *v = entry(n - 1 - j, n - 1 - i);
+    // `k[i][j] = entry(n−1−j, n−1−i)`: a row of `k` walks down a column of the caller's matrix,
+    // a cache miss per entry. So `k` is filled by columns, eight at a time (one cache line of
+    // each row of `k`), while the eight rows of the caller's matrix they read stay in cache;
+    // tasks take row ranges of equal area under the diagonal.
+    const LINE: usize = 8;
+    let parts = 4 * rayon::current_num_threads();
+    let mut ranges = Vec::with_capacity(parts);
+    let (mut rest, mut i0): (&mut [f64], usize) = (&mut k, 0);
+    for p in 1..=parts {
+        let i1 = ((n as f64 * (p as f64 / parts as f64).sqrt()) as usize).clamp(i0, n);
+        let i1 = if p == parts { n } else { i1 };
+        let (rows, tail) = std::mem::take(&mut rest).split_at_mut((i1 - i0) * n);
+        ranges.push((i0, rows));
+        (rest, i0) = (tail, i1);
+    }
+    ranges.into_par_iter().for_each(|(i0, rows)| {
+        let i1 = i0 + rows.len() / n;
+        for j0 in (0..i1).step_by(LINE) {
+            for i in i0.max(j0)..i1 {
+                let row = &mut rows[(i - i0) * n..];
+                for (j, v) in row.iter_mut().enumerate().take((j0 + LINE).min(i + 1)).skip(j0) {
+                    *v = entry(n - 1 - j, n - 1 - i);
+                }
+            }
         }
     });
     cholesky_lower(&mut k, n)?;
@@ -193,45 +217,37 @@ pub fn gptq(wn: &mut [f32], out: usize, cin: usize, hess: &[f32], codebook: &[f3
 pub fn gptq_factored(wn: &mut [f32], out: usize, f: &Factor, codebook: &[f32], d: usize) -> Result<Vec<u8>> {
     let (n, cin, perm, u) = (f.n, f.n, &f.perm, f.u());
     anyhow::ensure!(wn.len() == out * cin, "GPTQ: {} weights for {out} × {cin}", wn.len());
-    for (i, _) in f.dead.iter().enumerate().filter(|d| *d.1) {
-        for r in 0..out {
-            wn[r * cin + i] = 0.0;
-        }
-    }
     let mut w = HugeBuf::<f32>::zeroed(out * n).with_context(|| format!("GPTQ: memory for {out} × {n} weights"))?;
-    for r in 0..out {
-        for (j, &p) in perm.iter().enumerate() {
-            w[r * n + j] = wn[r * cin + p];
+    let dead: Vec<usize> = f.dead.iter().enumerate().filter(|d| *d.1).map(|d| d.0).collect();
+    wn.par_chunks_mut(cin).zip(w.par_chunks_mut(n)).for_each(|(src, dst)| {
+        for &i in &dead {
+            src[i] = 0.0;
         }
-    }
-    let groups = out / d;
+        for (v, &p) in dst.iter_mut().zip(perm) {
+            *v = src[p];
+        }
+    });
+    anyhow::ensure!(d == 1 || d == 2, "GPTQ: vector dimension {d} (1 or 2 expected)");
     let rounder = Rounder::new(codebook, d);
-    let mut idx_p = vec![0u8; groups * n];
+    let mut idx_p = vec![0u8; out / d * n];
+    let mut err_buf = vec![0f32; out * BLOCK.min(n)];
     let mut i1 = 0;
     while i1 < n {
         let i2 = (i1 + BLOCK).min(n);
         let b = i2 - i1;
-        let mut err = vec![0f32; out * b];
+        let err = &mut err_buf[..out * b];
         // Rows are independent given the column order; groups of d rows share a rounding.
-        w.par_chunks_mut(d * n).zip(err.par_chunks_mut(d * b)).zip(idx_p.par_chunks_mut(n)).for_each(
-            |((wg, eg), ig)| {
-                let mut p = [0f32; 2];
-                for i in i1..i2 {
-                    let diag = u[i * n + i];
-                    for t in 0..d {
-                        p[t] = wg[t * n + i];
-                    }
-                    let q = rounder.round(&p[..d]);
-                    ig[i] = q as u8;
-                    for t in 0..d {
-                        let e = (p[t] - codebook[q * d + t]) / diag;
-                        eg[t * b + (i - i1)] = e;
-                        let urow = &u[i * n + i + 1..i * n + i2];
-                        forge_kernels::simd::axpy(-e, urow, &mut wg[t * n + i + 1..t * n + i2]);
-                    }
+        w.par_chunks_mut(ROW_TILE * n)
+            .zip(err.par_chunks_mut(ROW_TILE * b))
+            .zip(idx_p.par_chunks_mut(ROW_TILE / d * n))
+            .for_each(|((wt, et), it)| {
+                let block = Block { n, i1, b, u, rounder: &rounder, codebook };
+                if d == 1 {
+                    block.sweep_tile::<1>(wt, et, it)
+                } else {
+                    block.sweep_tile::<2>(wt, et, it)
                 }
-            },
-        );
+            });
         // Propagate the block's error to the later columns: W[:, i2:] −= E · U[i1:i2, i2:],
         // one block of rows per task.
         let rest = n - i2;
@@ -243,13 +259,71 @@ pub fn gptq_factored(wn: &mut [f32], out: usize, f: &Factor, codebook: &[f32], d
         }
         i1 = i2;
     }
+    let groups = out / d;
     let mut idx = vec![0u8; groups * cin];
-    for g in 0..groups {
-        for (j, &p) in perm.iter().enumerate() {
-            idx[g * cin + p] = idx_p[g * n + j];
+    idx.par_chunks_mut(cin).zip(idx_p.par_chunks(n)).for_each(|(dst, src)| {
+        for (&q, &p) in src.iter().zip(perm) {
+            dst[p] = q;
+        }
+    });
+    Ok(idx)
+}
+
+/// One block of columns, `i1..i1 + b` of `n`, as the sweep inside it sees them.
+struct Block<'a> {
+    n: usize,
+    i1: usize,
+    b: usize,
+    u: &'a [f32],
+    rounder: &'a Rounder<'a>,
+    codebook: &'a [f32],
+}
+
+impl Block<'_> {
+    /// Up to [`ROW_TILE`] rows of `W` (`w`, rows `n` apart) through the block: each column rounded,
+    /// its error (into `err`, rows `b` apart) fed to the block's later columns. The rows are
+    /// copied into lanes side by side, so the rounding and the feedback run on all of them at
+    /// once; every value is computed as one row alone would compute it.
+    fn sweep_tile<const D: usize>(&self, w: &mut [f32], err: &mut [f32], idx: &mut [u8]) {
+        let Block { n, i1, b, u, rounder, codebook } = *self;
+        let rows = w.len() / n;
+        let mut tile = [[0f32; ROW_TILE]; BLOCK];
+        for (k, col) in tile[..b].iter_mut().enumerate() {
+            for (r, v) in col[..rows].iter_mut().enumerate() {
+                *v = w[r * n + i1 + k];
+            }
+        }
+        for k in 0..b {
+            let i = i1 + k;
+            let x = tile[k];
+            let q = if D == 1 {
+                rounder.round8(&x)
+            } else {
+                let mut q = [0usize; ROW_TILE];
+                for g in 0..rows / D {
+                    let qg = rounder.round(&x[g * D..(g + 1) * D]);
+                    q[g * D..(g + 1) * D].fill(qg);
+                }
+                q
+            };
+            let diag = u[i * n + i];
+            let mut neg = [0f32; ROW_TILE];
+            for r in 0..rows {
+                let e = (x[r] - codebook[q[r] * D + r % D]) / diag;
+                err[r * b + k] = e;
+                neg[r] = -e;
+            }
+            for g in 0..rows / D {
+                idx[g * n + i] = q[g * D] as u8;
+            }
+            forge_kernels::simd::axpy_lanes8(&neg, &u[i * n + i + 1..i * n + i1 + b], &mut tile[k + 1..b]);
+        }
+        for (k, col) in tile[..b].iter().enumerate() {
+            for (r, &v) in col[..rows].iter().enumerate() {
+                w[r * n + i1 + k] = v;
+            }
         }
     }
-    Ok(idx)
 }
 
 /// `tr((W − Q) H (W − Q)ᵀ)`: the calibration loss `‖X(W − Q)ᵀ‖²/N`.
@@ -388,6 +462,67 @@ mod tests {
                 let (lr, lg) = (calib_loss(&w, &rtn, out, cin, &h), calib_loss(&w, &gq, out, cin, &h));
                 assert!(lg <= lr, "{format:?} seed {seed}: GPTQ {lg} > RTN {lr}");
             }
+        }
+    }
+
+    /// The sweep one row (or vector group) at a time, with `gptq_factored`'s blocks and block
+    /// updates: the row tiles must give its bits.
+    fn sweep_by_rows(wn: &[f32], out: usize, f: &Factor, cb: &[f32], d: usize) -> Vec<u8> {
+        let (n, u) = (f.n, f.u());
+        let rounder = Rounder::new(cb, d);
+        let mut w = vec![0f32; out * n];
+        for r in 0..out {
+            for j in 0..n {
+                let p = f.perm[j];
+                w[r * n + j] = if f.dead[p] { 0.0 } else { wn[r * n + p] };
+            }
+        }
+        let mut idx_p = vec![0u8; out / d * n];
+        for i1 in (0..n).step_by(BLOCK) {
+            let i2 = (i1 + BLOCK).min(n);
+            let b = i2 - i1;
+            let mut err = vec![0f32; out * b];
+            for g in 0..out / d {
+                for i in i1..i2 {
+                    let p: Vec<f32> = (0..d).map(|t| w[(g * d + t) * n + i]).collect();
+                    let q = rounder.round(&p);
+                    idx_p[g * n + i] = q as u8;
+                    for (t, &pt) in p.iter().enumerate() {
+                        let (e, r) = ((pt - cb[q * d + t]) / u[i * n + i], g * d + t);
+                        err[r * b + i - i1] = e;
+                        forge_kernels::simd::axpy(-e, &u[i * n + i + 1..i * n + i2], &mut w[r * n + i + 1..r * n + i2]);
+                    }
+                }
+            }
+            for r0 in (0..out).step_by(SWEEP_ROWS).filter(|_| i2 < n) {
+                let (m, ub) = (SWEEP_ROWS.min(out - r0), Op::n(&u[i1 * n + i2..], n));
+                gemm_strided(&mut w[r0 * n + i2..], n, Op::n(&err[r0 * b..], b), ub, m, n - i2, b, 1.0, -1.0);
+            }
+        }
+        let mut idx = vec![0u8; out / d * n];
+        for g in 0..out / d {
+            for j in 0..n {
+                idx[g * n + f.perm[j]] = idx_p[g * n + j];
+            }
+        }
+        idx
+    }
+
+    #[test]
+    fn row_tiles_sweep_as_single_rows_do() {
+        // Row counts that leave a partial tile, widths of one and three blocks, a dead input.
+        for (format, out, cin) in [(Format::Lut4, 37, 96), (Format::Lut3, 300, 300), (Format::Vec2x64, 38, 290)] {
+            let (w, scale, cb, mut h) = setup(format, out, cin, 11);
+            for j in 0..cin {
+                h[j * cin + 5] = 0.0;
+                h[5 * cin + j] = 0.0;
+            }
+            let d = format.vec_dim();
+            let f = Factor::new(&h, cin).unwrap();
+            let wn = normalize(&w, cin, &scale);
+            let want = sweep_by_rows(&wn, out, &f, &cb, d);
+            let got = gptq_factored(&mut wn.clone(), out, &f, &cb, d).unwrap();
+            assert_eq!(got, want, "{format:?} {out} × {cin}");
         }
     }
 

@@ -130,6 +130,30 @@ impl<'a> Rounder<'a> {
     }
 }
 
+impl Rounder<'_> {
+    /// [`Rounder::round`] of eight scalars (`d = 1`), the same indices: the binary search's
+    /// position is the number of entries below each value, counted for the eight together
+    /// without a branch.
+    pub fn round8(&self, x: &[f32; 8]) -> [usize; 8] {
+        debug_assert!(self.centers.is_none());
+        let c = self.codebook;
+        let mut below = [0u32; 8];
+        for &v in c {
+            for (n, &xi) in below.iter_mut().zip(x) {
+                *n += (v < xi) as u32;
+            }
+        }
+        let last = c.len() - 1;
+        std::array::from_fn(|l| {
+            // Without branches: with no entry below, `lo = hi = c[0]` and the index stays 0.
+            let (i, x) = (below[l] as usize, x[l]);
+            let (lo, hi) = (c[i.max(1) - 1], c[i.min(last)]);
+            let down = i > last || (i > 0 && (x - lo).abs() <= (hi - x).abs());
+            i - down as usize
+        })
+    }
+}
+
 /// Round-to-nearest indices for a normalized matrix given its codebook.
 pub fn assign_rtn(wn: &[f32], cout: usize, cin: usize, codebook: &[f32], d: usize) -> Vec<u8> {
     let r = Rounder::new(codebook, d);
