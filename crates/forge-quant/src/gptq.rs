@@ -217,6 +217,7 @@ pub fn gptq(wn: &mut [f32], out: usize, cin: usize, hess: &[f32], codebook: &[f3
 pub fn gptq_factored(wn: &mut [f32], out: usize, f: &Factor, codebook: &[f32], d: usize) -> Result<Vec<u8>> {
     let (n, cin, perm, u) = (f.n, f.n, &f.perm, f.u());
     anyhow::ensure!(wn.len() == out * cin, "GPTQ: {} weights for {out} × {cin}", wn.len());
+    anyhow::ensure!(d == 1 || d == 2, "GPTQ: vector dimension {d} (1 or 2 expected)");
     let mut w = HugeBuf::<f32>::zeroed(out * n).with_context(|| format!("GPTQ: memory for {out} × {n} weights"))?;
     let dead: Vec<usize> = f.dead.iter().enumerate().filter(|d| *d.1).map(|d| d.0).collect();
     wn.par_chunks_mut(cin).zip(w.par_chunks_mut(n)).for_each(|(src, dst)| {
@@ -227,7 +228,6 @@ pub fn gptq_factored(wn: &mut [f32], out: usize, f: &Factor, codebook: &[f32], d
             *v = src[p];
         }
     });
-    anyhow::ensure!(d == 1 || d == 2, "GPTQ: vector dimension {d} (1 or 2 expected)");
     let rounder = Rounder::new(codebook, d);
     let mut idx_p = vec![0u8; out / d * n];
     let mut err_buf = vec![0f32; out * BLOCK.min(n)];
