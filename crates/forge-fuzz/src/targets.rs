@@ -95,8 +95,9 @@ fn templates() -> &'static [ChatTemplate] {
     })
 }
 
-/// Qwen3's template over the SmolLM2 tokenizer: the server's front end minus the engine.
-fn frontend() -> &'static Frontend {
+/// Qwen3's template over the SmolLM2 tokenizer, 4096 positions: the server's front end minus
+/// the engine.
+pub fn frontend() -> &'static Frontend {
     static F: OnceLock<Frontend> = OnceLock::new();
     F.get_or_init(|| {
         let qwen3 = template_sources().into_iter().find(|s| s.contains("<tool_call>")).expect("a template with tools");
@@ -356,20 +357,25 @@ pub fn chat_template(data: &[u8]) {
     let _ = t.render(&messages, tools.as_ref(), flags & 1 != 0, &extra);
 }
 
-/// The server's request path short of the engine: the JSON body, its field checks, the prompt
-/// rendered and tokenized for chat and text completions, and the generation parameters.
+/// The server's request path short of the engine, in the server's order: the JSON body, its
+/// field checks, the prompt rendered and tokenized for chat and text completions, and the
+/// generation parameters, which refuse a prompt that leaves no room in the context (the
+/// earlier checks bound only the text's bytes).
 pub fn request(data: &[u8]) {
     let Ok(v) = serde_json::from_slice::<Json>(data) else { return };
     let front = frontend();
     if let Ok(req) = parse_chat(&v, front.ctx) {
         if let Ok(p) = front.chat_prompt(&req) {
-            assert!(p.tokens.len() < front.ctx, "a prompt of {} tokens was accepted", p.tokens.len());
-            let _ = front.gen_params(&req.common, &p, req.logprobs, "messages");
+            if front.gen_params(&req.common, &p, req.logprobs, "messages").is_ok() {
+                assert!(p.tokens.len() < front.ctx, "a prompt of {} tokens was accepted", p.tokens.len());
+            }
         }
     }
     if let Ok(req) = parse_completion(&v, front.ctx) {
         if let Ok(p) = front.completion_prompt(&req) {
-            assert!(p.tokens.len() < front.ctx, "a prompt of {} tokens was accepted", p.tokens.len());
+            if front.gen_params(&req.common, &p, req.logprobs, "prompt").is_ok() {
+                assert!(p.tokens.len() < front.ctx, "a prompt of {} tokens was accepted", p.tokens.len());
+            }
         }
     }
 }

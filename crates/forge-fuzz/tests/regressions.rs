@@ -71,3 +71,18 @@ fn tool_parser_unterminated_function_tag_parsed_differently_streamed_and_in_one_
     assert_eq!(one.tool_calls.len(), 1, "{one:?}");
     assert_eq!(one.tool_calls[0].name, "noop");
 }
+
+#[test]
+fn completion_prompt_over_the_context_is_refused_by_its_generation_parameters() {
+    // 5,772 bytes of digits and letters: within the byte bound the request parser applies, 4,795
+    // tokens once tokenized, over the 4,096 positions. The server checks the token bound in the
+    // generation parameters, after tokenization; the target asserted it before.
+    let bytes = replay("request", "regress-completion-digits-over-context");
+    let front = forge_fuzz::targets::frontend();
+    let v = serde_json::from_slice(&bytes).unwrap();
+    let req = forge_server::request::parse_completion(&v, front.ctx).unwrap();
+    let p = front.completion_prompt(&req).unwrap();
+    assert!(p.tokens.len() >= front.ctx, "{} tokens", p.tokens.len());
+    let err = front.gen_params(&req.common, &p, req.logprobs, "prompt").unwrap_err();
+    assert_eq!((err.code, err.param.as_deref()), (Some("context_length_exceeded"), Some("prompt")), "{}", err.message);
+}
