@@ -161,12 +161,6 @@ fn narrow_upper_factor(k: &mut [f64], n: usize) {
     }
 }
 
-/// Upper-triangular `U` with `UᵀU = H⁻¹`.
-pub fn inverse_cholesky_upper(h: &[f32], n: usize) -> Result<Vec<f64>> {
-    let k = reversed_inverse_factor(n, |i, j| h[i * n + j] as f64)?;
-    Ok((0..n * n).map(|x| k[n * n - 1 - x]).collect())
-}
-
 /// What GPTQ needs of a Hessian, computed once for every matrix that reads the same input in the
 /// same basis: the act order (most active input columns first), the dead inputs, and the upper
 /// factor `U` (`UᵀU = H⁻¹`) of the damped Hessian in that order.
@@ -376,6 +370,12 @@ mod tests {
                 assert_eq!(g, h[j * n + i]);
             }
         }
+    }
+
+    /// Upper-triangular `U` with `UᵀU = H⁻¹`.
+    fn inverse_cholesky_upper(h: &[f32], n: usize) -> Result<Vec<f64>> {
+        let k = reversed_inverse_factor(n, |i, j| h[i * n + j] as f64)?;
+        Ok((0..n * n).map(|x| k[n * n - 1 - x]).collect())
     }
 
     #[test]

@@ -128,9 +128,7 @@ impl<'a> Rounder<'a> {
             }
         }
     }
-}
 
-impl Rounder<'_> {
     /// [`Rounder::round`] of eight scalars (`d = 1`), the same indices: the binary search's
     /// position is the number of entries below each value, counted for the eight together
     /// without a branch.
@@ -249,6 +247,28 @@ mod tests {
 
     fn gaussian(n: usize, seed: u64) -> Vec<f32> {
         crate::fit::normal_samples(&mut Rng::new(seed), n)
+    }
+
+    #[test]
+    fn round8_is_round_at_ties_edges_and_non_finite_values() {
+        let cb: Vec<f32> = [-1.0f32, -0.25, 0.0, 0.0, 0.5, 2.0].to_vec();
+        let r = Rounder::new(&cb, 1);
+        let mut xs: Vec<f32> = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -7.0, 9.0, -0.0];
+        // Every entry, every midpoint (exact ties) and the floats either side of them.
+        for w in cb.windows(2) {
+            for m in [w[0], 0.5 * (w[0] + w[1])] {
+                xs.extend([m, f32::from_bits(m.to_bits() + 1), f32::from_bits(m.to_bits().saturating_sub(1))]);
+            }
+        }
+        xs.extend(gaussian(61, 4));
+        for chunk in xs.chunks(8) {
+            let mut x = [0f32; 8];
+            x[..chunk.len()].copy_from_slice(chunk);
+            let got = r.round8(&x);
+            for (l, &v) in x.iter().enumerate() {
+                assert_eq!(got[l], r.round(&[v]), "{v}");
+            }
+        }
     }
 
     #[test]
