@@ -532,9 +532,10 @@ mod tests {
                 let (mut fast, mut slow) = (row.clone(), row.clone());
                 axpy(alpha[l], &x, &mut fast);
                 axpy_portable(alpha[l], &x, &mut slow);
-                let bits = |v: &mut dyn Iterator<Item = f32>| v.map(f32::to_bits).collect::<Vec<u32>>();
-                assert_eq!(bits(&mut tile.iter().map(|c| c[l])), bits(&mut fast.into_iter()), "len {len}, lane {l}");
-                assert_eq!(bits(&mut plain.iter().map(|c| c[l])), bits(&mut slow.into_iter()), "len {len}, lane {l}");
+                let lane = |t: &[[f32; 8]]| t.iter().map(|c| c[l].to_bits()).collect::<Vec<u32>>();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(lane(&tile), bits(&fast), "len {len}, lane {l}");
+                assert_eq!(lane(&plain), bits(&slow), "len {len}, lane {l}");
             }
         }
     }

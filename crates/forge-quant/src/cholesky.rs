@@ -52,14 +52,13 @@ fn invert_block(l: &[f64], b: usize, x: &mut [f64]) {
     }
 }
 
-/// Columns `c0..c0 + b` of rows `r0..` of the row-major `n × n` matrix `a`, copied into `p`
-/// (one buffer serves every block of a factorization: fresh panels would add up to `n²/2`
-/// values, 1.2 GB at 17,408 columns).
-fn columns(a: &[f64], n: usize, r0: usize, c0: usize, b: usize, p: &mut Vec<f64>) {
-    p.clear();
+/// Copy of columns `c0..c0 + b` of rows `r0..` of the row-major `n × n` matrix `a`.
+fn columns(a: &[f64], n: usize, r0: usize, c0: usize, b: usize) -> Vec<f64> {
+    let mut p = Vec::with_capacity((n - r0) * b);
     for row in a[r0 * n..].chunks(n) {
         p.extend_from_slice(&row[c0..c0 + b]);
     }
+    p
 }
 
 /// In-place lower Cholesky factor `L` (`LLᵀ = A`) of a symmetric positive definite row-major
@@ -67,7 +66,6 @@ fn columns(a: &[f64], n: usize, r0: usize, c0: usize, b: usize, p: &mut Vec<f64>
 pub fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
     assert_eq!(a.len(), n * n);
     let (mut diag, mut dinv) = (vec![0f64; NB * NB], vec![0f64; NB * NB]);
-    let (mut raw, mut p) = (Vec::with_capacity(n * NB), Vec::with_capacity(n * NB));
     for k0 in (0..n).step_by(NB) {
         let k1 = (k0 + NB).min(n);
         let b = k1 - k0;
@@ -86,14 +84,13 @@ pub fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
         }
         // Panel: the rows below solve P Lᵀ = A[k1.., k0..k1], as P = A[k1.., k0..k1] · (L⁻¹)ᵀ.
         invert_block(&diag[..b * b], b, &mut dinv[..b * b]);
-        columns(a, n, k1, k0, b, &mut raw);
-        p.resize(raw.len(), 0.0);
-        let (raw, p) = (&raw, &mut p[..raw.len()]);
+        let raw = columns(a, n, k1, k0, b);
+        let mut p = vec![0f64; raw.len()];
         let dinv = &dinv[..b * b];
         p.par_chunks_mut(NB * b).zip(raw.par_chunks(NB * b)).for_each(|(ps, rs)| {
             gemm_strided(ps, b, Op::n(rs, b), Op::t(dinv, b), rs.len() / b, b, b, 0.0, 1.0);
         });
-        let p = &*p;
+        drop(raw);
         // Trailing update of the lower part: A[k1.., k1..] −= P Pᵀ, one row block per task,
         // each up to its own diagonal.
         a[k1 * n..].par_chunks_mut(NB * n).enumerate().for_each(|(blk, rows)| {
@@ -102,7 +99,7 @@ pub fn cholesky_lower(a: &mut [f64], n: usize) -> Result<()> {
             for (i, row) in rows.chunks_mut(n).enumerate() {
                 row[k0..k1].copy_from_slice(&p[(r0 + i) * b..(r0 + i + 1) * b]);
             }
-            gemm_strided(&mut rows[k1..], n, Op::n(&p[r0 * b..], b), Op::t(p, b), m, r1, b, 1.0, -1.0);
+            gemm_strided(&mut rows[k1..], n, Op::n(&p[r0 * b..], b), Op::t(&p, b), m, r1, b, 1.0, -1.0);
         });
     }
     for i in 0..n {
@@ -120,7 +117,6 @@ pub fn lower_inverse(a: &mut [f64], n: usize) {
     assert_eq!(a.len(), n * n);
     let mut l = vec![0f64; NB * NB];
     let mut x = vec![0f64; NB * NB];
-    let mut p = Vec::with_capacity(n * NB);
     for j0 in (0..n).step_by(NB).rev() {
         let j1 = (j0 + NB).min(n);
         let b = j1 - j0;
@@ -130,13 +126,13 @@ pub fn lower_inverse(a: &mut [f64], n: usize) {
         }
         invert_block(l, b, x);
         if j1 < n {
-            columns(a, n, j1, j0, b, &mut p);
-            let (x, p) = (&*x, &p);
+            let p = columns(a, n, j1, j0, b);
+            let x = &*x;
             a[j1 * n..].par_chunks_mut(NB * n).enumerate().for_each(|(blk, rows)| {
                 let (r0, m) = (blk * NB, rows.len() / n);
                 let r1 = r0 + m;
                 let mut t = vec![0f64; m * b];
-                gemm_strided(&mut t, b, Op::n(&rows[j1..], n), Op::n(p, b), m, b, r1, 0.0, 1.0);
+                gemm_strided(&mut t, b, Op::n(&rows[j1..], n), Op::n(&p, b), m, b, r1, 0.0, 1.0);
                 gemm_strided(&mut rows[j0..], n, Op::n(&t, b), Op::n(x, b), m, b, b, 0.0, -1.0);
             });
         }
